@@ -1,0 +1,278 @@
+"""Wire protocol v1: every request and response body that crosses HTTP, as pydantic models.
+
+The executor validates requests with these models and dumps responses with them; the client does
+the reverse; the tests import them too. Changing a field here changes it on both sides at once.
+
+Requests forbid unknown fields (a typo fails loudly with 422 instead of being ignored); responses
+allow them, so an older client keeps working against a newer executor that added a field.
+SWE-bench spellings (``instance_id``, ``model_patch``, ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, test
+lists stored as JSON-encoded strings) are accepted on input; output always uses the Dockyard names.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+
+TaskStatus = Literal["resolved", "unresolved", "patch_apply_failed", "timeout", "execution_error"]
+"""Final status of one grading. Only ``execution_error`` means "no verdict"."""
+
+TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING"]
+"""State of one test in a grading; MISSING means the test never reported a result."""
+
+LogParser = Literal["pytest", "django", "unittest"]
+"""Which test framework's results to collect."""
+
+
+def _json_list(value: Any) -> Any:
+    """Accept a list of test ids as SWE-bench stores it: a JSON-encoded string of a list."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if not stripped:
+            return []
+        try:
+            decoded = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ValueError("expected a list or a JSON-encoded list of test ids") from exc
+        return decoded
+    return value
+
+
+TestIdList = Annotated[list[str], BeforeValidator(_json_list)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ErrorDetail(_Response):
+    """The body of every error answer, under the key ``error``."""
+
+    code: str = Field(description="Machine-readable error code, e.g. `invalid_request`.")
+    message: str = Field(description="Human-readable explanation.")
+    request_id: str | None = Field(default=None, description="Id of the failed request, if any.")
+
+
+class ErrorResponse(_Response):
+    """``{"error": {...}}`` answered with a 4xx or 5xx status."""
+
+    error: ErrorDetail
+
+
+class GradingSpec(_Request):
+    """What the grader needs besides the agent's patch: held-out tests and how to run them."""
+
+    test_patch: str = Field(
+        default="", description="Gold test patch, force-applied after the agent patch."
+    )
+    fail_to_pass: TestIdList = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("fail_to_pass", "FAIL_TO_PASS"),
+        description="Tests that must pass after the fix (they fail before it).",
+    )
+    pass_to_pass: TestIdList = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("pass_to_pass", "PASS_TO_PASS"),
+        description="Tests that must keep passing.",
+    )
+    test_command: str | None = Field(
+        default=None,
+        description="Shell command that runs the tests; default: pytest over the test files "
+        "that test_patch touches.",
+    )
+    log_parser: LogParser | None = Field(
+        default=None,
+        description="Test framework whose per-test results are collected; default: pytest, or "
+        "django when the test command runs runtests.py.",
+    )
+    timeout: float | None = Field(
+        default=None, gt=0, le=86400, description="Wall clock for the task in seconds."
+    )
+
+
+class TaskSpec(GradingSpec):
+    """``POST /task/submit``: grade one patch against one repository state."""
+
+    task_id: str = Field(
+        min_length=1,
+        max_length=256,
+        validation_alias=AliasChoices("task_id", "instance_id"),
+        description="Caller's id for this task; echoed back and used for idempotent retries.",
+    )
+    repo: str = Field(min_length=1, description="Git URL or local path of the repository.")
+    base_commit: str = Field(min_length=1, description="Commit the working tree starts from.")
+    patch: str = Field(
+        default="",
+        validation_alias=AliasChoices("patch", "model_patch"),
+        description="The agent's patch (unified diff); may be empty.",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell commands that prepare the environment, run at base_commit.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for setup and tests."
+    )
+
+
+class PhaseTimings(_Response):
+    """Seconds spent in each phase of a grading."""
+
+    checkout: float = Field(default=0.0, description="Mirror fetch and working tree creation.")
+    setup: float = Field(default=0.0, description="Setup commands.")
+    apply: float = Field(default=0.0, description="Agent patch and test patch application.")
+    tests: float = Field(default=0.0, description="Test command.")
+    cleanup: float = Field(default=0.0, description="Working tree removal.")
+
+
+class TestSplit(_Response):
+    """One list of required tests split by outcome."""
+
+    passed: list[str] = Field(default_factory=list, description="Tests that passed.")
+    failed: list[str] = Field(
+        default_factory=list, description="Tests that failed, errored, were skipped or missing."
+    )
+
+
+class TaskResult(_Response):
+    """The verdict on one patch."""
+
+    task_id: str = Field(description="The task's id, as submitted.")
+    status: TaskStatus = Field(description="Final status.")
+    resolved: bool | None = Field(
+        description="True when every required test passed; null when there is no verdict."
+    )
+    tests: dict[str, TestState] = Field(
+        default_factory=dict, description="Per-test state for every test that was run or required."
+    )
+    fail_to_pass: TestSplit = Field(default_factory=TestSplit, description="FAIL_TO_PASS split.")
+    pass_to_pass: TestSplit = Field(default_factory=TestSplit, description="PASS_TO_PASS split.")
+    patch_applied: bool = Field(default=False, description="Whether the agent patch applied.")
+    excluded_files: list[str] = Field(
+        default_factory=list,
+        description="Test-configuration files (or sections) of the agent patch left out.",
+    )
+    test_exit_code: int | None = Field(
+        default=None, description="Exit status of the test command, when it ran to the end."
+    )
+    duration_s: float = Field(default=0.0, description="Total wall time of the grading.")
+    phases: PhaseTimings = Field(default_factory=PhaseTimings, description="Phase timings.")
+    log: str = Field(default="", description="Tail of the setup and test output (capped).")
+    error: str | None = Field(default=None, description="Why there is no verdict, if so.")
+    error_code: str | None = Field(
+        default=None, description="Machine-readable reason for execution_error or timeout."
+    )
+
+
+class HealthCapabilities(_Response):
+    """What isolation and workspace features the active mode provides."""
+
+    workspace_mode: str = Field(description="How working trees are made (e.g. `git-clone`).")
+    overlay: bool = Field(description="Copy-on-write overlay workspaces available.")
+    namespaces: bool = Field(description="Private mount/network namespaces available.")
+    egress_guard: bool = Field(description="Outbound network can be denied to code under test.")
+
+
+class HealthResponse(_Response):
+    """``GET /health``: liveness and what this executor can do."""
+
+    status: Literal["ok", "degraded"] = Field(description="ok when a trivial command ran.")
+    version: str = Field(description="Executor version.")
+    protocol: int = Field(default=PROTOCOL_VERSION, description="Wire protocol version.")
+    check_s: float = Field(description="Seconds the trivial command took.")
+    capabilities: HealthCapabilities
+    load: dict[str, float] = Field(
+        default_factory=dict, description="Tasks running, capacity, sessions, load average."
+    )
+
+
+class SessionStartSpec(_Request):
+    """``POST /session/start``: open a persistent shell on a fresh working tree."""
+
+    repo: str = Field(min_length=1, description="Git URL or local path of the repository.")
+    base_commit: str = Field(min_length=1, description="Commit the working tree starts from.")
+    setup: list[str] = Field(
+        default_factory=list, description="Shell commands run once before the shell starts."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the shell."
+    )
+    task_id: str | None = Field(
+        default=None,
+        max_length=256,
+        validation_alias=AliasChoices("task_id", "instance_id"),
+        description="Caller's id for the task this session works on (logged, used by finish).",
+    )
+    command_timeout: float | None = Field(
+        default=None, gt=0, le=86400, description="Default timeout of each exec, in seconds."
+    )
+
+
+class SessionStartResult(_Response):
+    """Answer to ``POST /session/start``."""
+
+    session_id: str = Field(description="Id for every later call on this session.")
+    workdir: str = Field(description="Absolute path of the working tree inside the session.")
+    base_commit: str = Field(description="Commit the working tree was created at.")
+
+
+class ExecRequest(_Request):
+    """``POST /session/<id>/exec``: run one shell command in the session's bash."""
+
+    command: str = Field(description="Bash source; may span several lines.")
+    timeout: float | None = Field(
+        default=None, gt=0, le=86400, description="Seconds before the command is killed."
+    )
+
+
+class ExecResult(_Response):
+    """The outcome of one command."""
+
+    exit_code: int | None = Field(
+        description="Exit status; null when the command was killed or the status was lost."
+    )
+    output: str = Field(description="stdout and stderr interleaved, head and tail kept.")
+    truncated: bool = Field(default=False, description="True when the middle was dropped.")
+    output_bytes: int = Field(default=0, description="Total bytes the command printed.")
+    timed_out: bool = Field(default=False, description="True when the timeout killed it.")
+    duration_s: float = Field(default=0.0, description="Wall time of the command.")
+    error: str | None = Field(
+        default=None, description="Set when the shell failed (e.g. invalid frame) and restarted."
+    )
+
+
+class FileWriteResult(_Response):
+    """Answer to ``PUT /session/<id>/file``."""
+
+    size: int = Field(description="Bytes written.")
+    sha256: str = Field(description="Hex SHA-256 of the bytes written.")
+
+
+class SessionState(_Response):
+    """``GET /session/<id>``."""
+
+    session_id: str
+    alive: bool = Field(description="The shell answered a trivial command within 2 s.")
+    cwd: str | None = Field(default=None, description="The shell's current directory.")
+    age_s: float = Field(description="Seconds since the session started.")
+    idle_s: float = Field(description="Seconds since the last call on it.")
+    commands_run: int = Field(description="Exec calls served.")
+
+
+class FinishSpec(GradingSpec):
+    """``POST /session/<id>/finish``: capture the agent's diff and grade it like a TaskSpec."""
+
+
+class FinishResult(_Response):
+    """Answer to ``POST /session/<id>/finish``."""
+
+    patch: str = Field(description="The agent's diff against base_commit, as graded.")
+    result: TaskResult

@@ -1,0 +1,1 @@
+"""HTTP adapters: one blueprint per resource. Routes parse, call the domain code, dump."""

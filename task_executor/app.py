@@ -1,0 +1,93 @@
+"""The Flask application factory: services, auth, blueprints and the one error renderer."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from .capacity import Slots
+from .config import Settings
+from .errors import ExecutorError, Unauthorized
+from .grading import Grader
+from .mirrors import MirrorCache
+from .task_registry import TaskRegistry
+from .workspace import WorkspaceFactory
+
+log = logging.getLogger(__name__)
+
+OPEN_ROUTES = {"/health"}
+
+
+@dataclass
+class Services:
+    """Everything the routes use, made once per app (nothing is created at import time)."""
+
+    settings: Settings
+    mirrors: MirrorCache
+    workspaces: WorkspaceFactory
+    grader: Grader
+    task_slots: Slots
+    registry: TaskRegistry
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        settings.base_dir.mkdir(parents=True, exist_ok=True)
+        mirrors = MirrorCache(settings.base_dir / "mirrors")
+        workspaces = WorkspaceFactory(settings.base_dir / "work", mirrors)
+        return cls(
+            settings=settings,
+            mirrors=mirrors,
+            workspaces=workspaces,
+            grader=Grader(settings, workspaces),
+            task_slots=Slots(settings.max_tasks, "grading"),
+            registry=TaskRegistry(ttl=settings.result_ttl),
+        )
+
+
+def error_response(code: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    response = jsonify({"error": {"code": code, "message": message}})
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = (settings or Settings()).validated()
+    app = Flask(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["dockyard"] = Services.build(settings)
+
+    @app.before_request
+    def require_token() -> None:
+        if settings.token is None or request.path in OPEN_ROUTES:
+            return
+        supplied = request.headers.get("Authorization", "")
+        expected = f"Bearer {settings.token}"
+        if not hmac.compare_digest(supplied.encode(), expected.encode()):
+            raise Unauthorized("missing or wrong bearer token")
+
+    @app.errorhandler(ExecutorError)
+    def render_executor_error(exc: ExecutorError) -> Response:
+        return error_response(exc.code, exc.message, exc.http_status, exc.headers())
+
+    @app.errorhandler(HTTPException)
+    def render_http_error(exc: HTTPException) -> Response:
+        code = (exc.name or "http_error").lower().replace(" ", "_")
+        return error_response(code, exc.description or exc.name, exc.code or 500)
+
+    @app.errorhandler(Exception)
+    def render_unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response("internal_error", "internal error (see the executor log)", 500)
+
+    from .api import health, task
+
+    app.register_blueprint(health.blueprint)
+    app.register_blueprint(task.blueprint)
+    return app

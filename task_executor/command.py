@@ -1,0 +1,145 @@
+"""Running one shell command for grading: own process group, wall clock, capped output.
+
+Used for setup and test commands of single-shot gradings. The command runs under ``bash -c`` in a
+new session (so it leads its own process group), with a marker variable in its environment that
+every descendant inherits; at the end (normal exit or deadline) the group is killed and any
+process still carrying the marker -- a daemonized child that left the group -- is killed too, so
+nothing the code under test started outlives its grading.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .output import CappedOutput
+
+
+MARKER_VARIABLE = "DOCKYARD_RUN_MARKER"
+
+
+def kill_process_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_marked_processes(marker: str) -> None:
+    """SIGKILL every process whose environment carries ``marker`` (repeat until none is left)."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    for _ in range(20):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    environ = handle.read()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0"):
+                found = True
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if not found:
+            return
+        time.sleep(0.01)
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    exit_code: int | None
+    output: str
+    truncated: bool
+    timed_out: bool
+    duration_s: float
+
+
+def run_command(
+    script: str,
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    timeout: float,
+    head: int = 16 * 1024,
+    tail: int = 48 * 1024,
+) -> CommandOutcome:
+    """Run ``script`` with bash; kill it and all its descendants at ``timeout`` seconds."""
+    marker = uuid.uuid4().hex
+    full_env = dict(env)
+    full_env[MARKER_VARIABLE] = marker
+    output = CappedOutput(head=head, tail=tail)
+    read_fd, write_fd = os.pipe()
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=cwd,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=write_fd,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    os.close(write_fd)
+    stop_draining = threading.Event()
+    drainer = threading.Thread(
+        target=_drain, args=(read_fd, output, stop_draining), daemon=True
+    )
+    drainer.start()
+    timed_out = False
+    try:
+        exit_code: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        exit_code = None
+    finally:
+        # Kill the group whatever happened: background children of a finished test run are as
+        # unwelcome as those of a timed-out one.
+        kill_process_group(proc.pid)
+        kill_marked_processes(marker)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        # Every writer is dead now, so the pipe reaches EOF; should a writer have escaped both
+        # kills, the drainer stops at the next quiet moment instead of waiting for it forever.
+        drainer.join(timeout=2)
+        stop_draining.set()
+        drainer.join()
+    duration = time.monotonic() - started
+    return CommandOutcome(
+        exit_code=exit_code,
+        output=output.text(),
+        truncated=output.truncated,
+        timed_out=timed_out,
+        duration_s=duration,
+    )
+
+
+def _drain(fd: int, output: CappedOutput, stop: threading.Event) -> None:
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                output.write(chunk)
+            if stop.is_set():
+                break
+    finally:
+        os.close(fd)

@@ -1,0 +1,90 @@
+"""Executor settings: one typed object, read from the environment (and CLI flags) in one place."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+def _default_base_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "dockyard")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the executor is configured by; see the README's configuration table."""
+
+    host: str = "0.0.0.0"
+    port: int = 9090
+    token: str | None = None
+    base_dir: Path = field(default_factory=lambda: Path(_default_base_dir()))
+    threads: int = 32
+    task_timeout: float = 1800.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    log_tail_bytes: int = 64 * 1024
+    result_ttl: float = 3600.0
+    # Sessions (multi-turn).
+    max_sessions: int = 64
+    session_idle_timeout: float = 1800.0
+    command_timeout: float = 300.0
+    output_cap_bytes: int = 64 * 1024
+
+    @property
+    def max_tasks(self) -> int:
+        """Gradings allowed at once: all threads but two, kept free for /health and sessions."""
+        return max(1, self.threads - 2)
+
+    def with_overrides(self, **overrides: object) -> Settings:
+        """A copy with the non-None overrides applied (CLI flags beat the environment)."""
+        present = {key: value for key, value in overrides.items() if value is not None}
+        if "base_dir" in present:
+            present["base_dir"] = Path(str(present["base_dir"]))
+        return replace(self, **present).validated()  # type: ignore[arg-type]
+
+    def validated(self) -> Settings:
+        problems = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port {self.port} is out of range")
+        if self.threads < 1:
+            problems.append("threads must be at least 1")
+        for name in ("task_timeout", "command_timeout", "session_idle_timeout", "result_ttl"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if self.max_sessions < 0:
+            problems.append("max_sessions must not be negative")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+_ENV = {
+    "API_PORT": ("port", int),
+    "API_HOST": ("host", str),
+    "API_TOKEN": ("token", str),
+    "TASK_BASE_DIR": ("base_dir", Path),
+    "DOCKYARD_TASK_EXECUTOR_THREADS": ("threads", int),
+    "TASK_TIMEOUT": ("task_timeout", float),
+    "DOCKYARD_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "DOCKYARD_RESULT_TTL": ("result_ttl", float),
+    "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),
+    "DOCKYARD_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
+    "DOCKYARD_COMMAND_TIMEOUT": ("command_timeout", float),
+}
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read settings from environment variables; raises ValueError naming the bad variable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for variable, (name, kind) in _ENV.items():
+        raw = environ.get(variable)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[name] = kind(raw)
+        except ValueError as exc:
+            raise ValueError(f"{variable}={raw!r} is not a valid {kind.__name__}") from exc
+    return Settings(**values).validated()  # type: ignore[arg-type]

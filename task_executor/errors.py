@@ -1,0 +1,88 @@
+"""The executor's error tree; every failure a client can see is one of these.
+
+    ExecutorError                 500 internal_error
+    ├── InvalidRequest            400 invalid_request (bad JSON, missing or mistyped fields: 422)
+    ├── Unauthorized              401 unauthorized
+    ├── NotFound                  404 not_found
+    ├── Conflict                  409 conflict
+    ├── PayloadTooLarge           413 payload_too_large
+    ├── OverCapacity              429 over_capacity (carries Retry-After)
+    └── RepoError                 400 unknown_repo / unknown_commit
+
+Routes raise them; one handler on the app renders ``{"error": {"code", "message"}}``, so no
+traceback ever crosses the wire.
+"""
+
+from __future__ import annotations
+
+
+class ExecutorError(Exception):
+    """Base class: ``code`` and ``http_status`` decide how the error is rendered."""
+
+    code = "internal_error"
+    http_status = 500
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class InvalidRequest(ExecutorError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class ValidationFailed(InvalidRequest):
+    code = "validation_error"
+    http_status = 422
+
+
+class Unauthorized(ExecutorError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class NotFound(ExecutorError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(ExecutorError):
+    code = "conflict"
+    http_status = 409
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int = 0) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
+
+
+class PayloadTooLarge(ExecutorError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class OverCapacity(ExecutorError):
+    code = "over_capacity"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class RepoError(ExecutorError):
+    """The repository or commit a request names cannot be found (the caller's mistake)."""
+
+    code = "unknown_repo"
+    http_status = 400

@@ -1,0 +1,118 @@
+"""Per-repository bare mirrors under TASK_BASE_DIR: clone once, fetch a missing commit on demand.
+
+Every working tree is made from a local mirror, so a task never waits on the network for objects
+it already has. Two tasks that need the same repository at once take the same lock: one clones
+or fetches, the other finds the commit there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import RepoError
+from .gitcmd import GitFailed, git
+
+log = logging.getLogger(__name__)
+
+_COMMITISH = re.compile(r"^[0-9A-Za-z._/\-^~]{1,200}$")
+_REMOTE = re.compile(r"^(https?|git|ssh|file)://|^[\w.\-]+@[\w.\-]+:")
+
+
+def is_remote(repo: str) -> bool:
+    return bool(_REMOTE.match(repo))
+
+
+class MirrorCache:
+    """Bare mirrors keyed by the repository's URL or absolute path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def source_of(self, repo: str) -> str:
+        """Normalize the request's repo into something git can clone; RepoError if it cannot."""
+        if is_remote(repo):
+            return repo
+        path = Path(repo).expanduser()
+        if not path.is_absolute():
+            raise RepoError(f"repo {repo!r} must be a git URL or an absolute local path")
+        if not path.exists():
+            raise RepoError(f"repo path {repo} does not exist")
+        return str(path.resolve())
+
+    def mirror_path(self, source: str) -> Path:
+        digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+        name = re.sub(r"[^\w.\-]", "_", source.rstrip("/").rsplit("/", 1)[-1])[:40]
+        return self.root / f"{name}-{digest}.git"
+
+    def resolve(self, repo: str, commit: str) -> tuple[Path, str]:
+        """Ensure the mirror holds ``commit``; return (mirror path, full commit sha)."""
+        if not _COMMITISH.match(commit) or commit.startswith("-"):
+            raise RepoError(f"base_commit {commit!r} is not a valid revision", code="unknown_commit")
+        source = self.source_of(repo)
+        mirror = self.mirror_path(source)
+        with self._locked(mirror):
+            if not (mirror / "HEAD").exists():
+                self._clone(source, mirror)
+            sha = self._rev_parse(mirror, commit)
+            if sha is None:
+                self._fetch(mirror, commit)
+                sha = self._rev_parse(mirror, commit)
+            if sha is None:
+                raise RepoError(f"commit {commit} not found in {repo}", code="unknown_commit")
+        return mirror, sha
+
+    @contextmanager
+    def _locked(self, mirror: Path) -> Iterator[None]:
+        # A thread lock serializes this process; the file lock also keeps several executors that
+        # share one base directory from cloning into the same mirror at once.
+        with self._locks_guard:
+            lock = self._locks.setdefault(str(mirror), threading.Lock())
+        with lock:
+            lock_file = mirror.with_suffix(".lock")
+            with open(lock_file, "w") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _clone(self, source: str, mirror: Path) -> None:
+        partial = mirror.with_name(mirror.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        log.info("cloning mirror of %s", source)
+        try:
+            git(["clone", "--mirror", "--quiet", source, str(partial)])
+        except GitFailed as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RepoError(f"cannot clone {source}: {exc.stderr.strip()[:500]}") from exc
+        # Rename last, so a crash mid-clone never leaves a mirror that looks complete.
+        os.replace(partial, mirror)
+
+    def _fetch(self, mirror: Path, commit: str) -> None:
+        log.info("fetching %s into %s", commit, mirror.name)
+        git(["fetch", "--quiet", "--prune", "origin"], cwd=mirror, check=False)
+        if re.fullmatch(r"[0-9a-f]{40}", commit):
+            git(["fetch", "--quiet", "origin", commit], cwd=mirror, check=False)
+
+    @staticmethod
+    def _rev_parse(mirror: Path, commit: str) -> str | None:
+        proc = git(
+            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{commit}}"],
+            cwd=mirror,
+            check=False,
+        )
+        if proc.returncode != 0:
+            return None
+        return proc.stdout.decode().strip()

@@ -1,0 +1,164 @@
+"""Per-test results written to a private file, loaded into the interpreter that runs the tests.
+
+This file is copied into nothing and imports nothing from Dockyard: it runs inside the task's own
+Python (which may be old), found through PYTHONPATH. It records every test outcome as one JSON line
+in the file named by DOCKYARD_REPORT_FILE, opened before any test code runs. The executor reads
+verdicts from this file only, never from the test output, so lines printed by the code under test
+("PASSED tests/test_x.py::test_y") cannot forge a result.
+
+pytest: loaded as a plugin through PYTEST_PLUGINS. unittest and Django's runtests.py: hooks on
+unittest.TestResult, installed by the sitecustomize module beside this one.
+"""
+
+import json
+import os
+
+_stream = None
+
+
+def _open_once():
+    # Open the file and drop the variables, so subprocesses of the tests (including nested test
+    # runs, as in pytest's own test suite) neither inherit the path nor report into it.
+    global _stream
+    if _stream is None:
+        path = os.environ.pop("DOCKYARD_REPORT_FILE", None)
+        os.environ.pop("PYTEST_PLUGINS", None)
+        os.environ.pop("DOCKYARD_REPORT_MODE", None)
+        if path:
+            _stream = open(path, "a", buffering=1, encoding="utf-8", errors="surrogateescape")
+    return _stream
+
+
+def record(**fields):
+    stream = _open_once()
+    if stream is not None:
+        stream.write(json.dumps(fields, sort_keys=True) + "\n")
+        stream.flush()
+
+
+# ----------------------------------------------------------------------------- pytest plugin hooks
+
+# Only the outer session reports: the variables that load this plugin are gone by the time any
+# nested session (pytester, a subprocess) starts, so nested sessions never register these hooks.
+
+
+def pytest_configure(config):
+    _open_once()
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        record(kind="collect", id=report.nodeid, outcome="error")
+
+
+def pytest_runtest_logreport(report):
+    record(
+        kind="test",
+        id=report.nodeid,
+        when=report.when,
+        outcome=report.outcome,
+        wasxfail=hasattr(report, "wasxfail"),
+        xfail_marked=bool(getattr(report, "dockyard_xfail_marked", False)),
+    )
+
+
+def _mark_declared_xfail(item, report):
+    # An xfail counts as a pass only when the test itself declares it; code under test that
+    # calls pytest.xfail() must not turn a failure into a pass.
+    report.dockyard_xfail_marked = item.get_closest_marker("xfail") is not None
+
+
+try:
+    import pytest
+
+    try:
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_makereport(item, call):
+            report = yield
+            _mark_declared_xfail(item, report)
+            return report
+
+    except TypeError:  # pluggy < 1.2 knows only old-style wrappers
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):  # noqa: F811
+            outcome = yield
+            _mark_declared_xfail(item, outcome.get_result())
+
+except ImportError:  # no pytest in this interpreter: the unittest hooks below still work
+    pass
+
+
+def pytest_sessionfinish(session, exitstatus):
+    record(kind="session", exitstatus=int(exitstatus))
+
+
+# ----------------------------------------------------------------------------- unittest hooks
+
+
+def _aliases(test):
+    """Names under which a unittest/Django test may appear in FAIL_TO_PASS / PASS_TO_PASS."""
+    names = []
+    test_id = test.id()
+    names.append(test_id)
+    method = getattr(test, "_testMethodName", None)
+    cls = type(test)
+    class_path = "%s.%s" % (cls.__module__, cls.__qualname__)
+    if method:
+        names.append("%s (%s)" % (method, class_path))
+        names.append("%s (%s.%s)" % (method, class_path, method))
+    try:
+        names.append(str(test))
+        doc = test.shortDescription()
+        if doc:
+            names.append(doc)
+    except Exception:
+        pass
+    seen = []
+    for name in names:
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def install_unittest_hooks():
+    import unittest
+
+    base = unittest.TestResult
+    originals = {}
+
+    def wrap(method_name, outcome):
+        original = getattr(base, method_name)
+        originals[method_name] = original
+
+        def hooked(self, test, *args):
+            try:
+                if hasattr(test, "id") and type(test).__name__ != "_ErrorHolder":
+                    record(kind="unittest", id=test.id(), aliases=_aliases(test), outcome=outcome)
+                else:
+                    record(kind="unittest", id=str(test), aliases=[str(test)], outcome=outcome)
+            except Exception:
+                pass
+            return original(self, test, *args)
+
+        setattr(base, method_name, hooked)
+
+    wrap("addSuccess", "passed")
+    wrap("addFailure", "failed")
+    wrap("addError", "error")
+    wrap("addSkip", "skipped")
+    wrap("addExpectedFailure", "xfailed")
+    wrap("addUnexpectedSuccess", "failed")
+
+    original_subtest = base.addSubTest
+
+    def hooked_subtest(self, test, subtest, err):
+        if err is not None:
+            try:
+                record(kind="unittest", id=test.id(), aliases=_aliases(test), outcome="failed")
+            except Exception:
+                pass
+        return original_subtest(self, test, subtest, err)
+
+    base.addSubTest = hooked_subtest

@@ -1,0 +1,110 @@
+"""Per-test states from the reporter's file, and the verdict they add up to.
+
+The reporter (``reporter/dockyard_report.py``) writes JSON lines from inside the test process;
+nothing here looks at the test command's output. The exit status of the test command is then
+cross-checked against those states: a runner that says "failed" while every reported test passed
+(or the reverse) means something other than the tests decided the outcome, and that is no verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox_client.protocol import TestState
+
+_BAD = ("FAILED", "ERROR")
+
+
+@dataclass
+class TestRun:
+    """What the reporter saw: per-test states, name aliases, and whether the session finished."""
+
+    states: dict[str, TestState] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    session_exit: int | None = None
+
+    def lookup(self, name: str) -> TestState:
+        key = name if name in self.states else self.aliases.get(name)
+        return self.states[key] if key is not None else "MISSING"
+
+    @property
+    def any_failed(self) -> bool:
+        return any(state in _BAD for state in self.states.values())
+
+
+def _pytest_state(phases: dict[str, dict]) -> TestState:
+    setup, call, teardown = phases.get("setup"), phases.get("call"), phases.get("teardown")
+    if call is not None and call["outcome"] == "failed":
+        return "FAILED"
+    for phase in (setup, teardown):
+        if phase is not None and phase["outcome"] == "failed":
+            return "ERROR"
+    for phase in (setup, call):
+        if phase is not None and phase["outcome"] == "skipped":
+            declared_xfail = phase.get("wasxfail") and phase.get("xfail_marked")
+            return "PASSED" if declared_xfail else "SKIPPED"
+    if call is not None and call["outcome"] == "passed":
+        return "PASSED"
+    return "ERROR" if setup is not None else "MISSING"
+
+
+_UNITTEST_STATES: dict[str, TestState] = {
+    "passed": "PASSED",
+    "xfailed": "PASSED",
+    "failed": "FAILED",
+    "error": "ERROR",
+    "skipped": "SKIPPED",
+}
+# Severity decides between several outcomes of one test (subtests, duplicate names).
+_SEVERITY = {"MISSING": 0, "PASSED": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
+
+
+def read_report(path: Path) -> TestRun:
+    """Parse the reporter's JSON lines; a malformed line is ignored, not trusted."""
+    run = TestRun()
+    if not path.exists():
+        return run
+    phases: dict[str, dict[str, dict]] = {}
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            kind = record.get("kind")
+            test_id = str(record.get("id", ""))
+            if kind == "test" and record.get("outcome") != "rerun":
+                phases.setdefault(test_id, {})[str(record.get("when"))] = record
+            elif kind == "collect":
+                run.states[test_id or "<collection>"] = "ERROR"
+            elif kind == "unittest":
+                state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")
+                previous = run.states.get(test_id, "MISSING")
+                if _SEVERITY[state] >= _SEVERITY[previous]:
+                    run.states[test_id] = state
+                for alias in record.get("aliases") or []:
+                    run.aliases.setdefault(str(alias), test_id)
+            elif kind == "session":
+                try:
+                    run.session_exit = int(record.get("exitstatus"))
+                except (TypeError, ValueError):
+                    continue
+    for test_id, by_phase in phases.items():
+        run.states[test_id] = _pytest_state(by_phase)
+    return run
+
+
+def exit_status_conflict(run: TestRun, exit_code: int) -> str | None:
+    """Why the test command's exit status contradicts the reported tests, or None if it agrees."""
+    if exit_code == 0 and run.any_failed:
+        failed = sorted(name for name, state in run.states.items() if state in _BAD)
+        return f"test command exited 0 but reported failures: {', '.join(failed[:5])}"
+    if exit_code != 0 and not run.any_failed:
+        if not run.states:
+            return f"test command exited {exit_code} and reported no tests"
+        return f"test command exited {exit_code} but no reported test failed"
+    return None
