@@ -48,7 +48,9 @@ class Services:
         )
 
 
-def error_response(code: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    code: str, message: str, status: int, headers: dict[str, str] | None = None
+) -> Response:
     response = jsonify({"error": {"code": code, "message": message}})
     response.status_code = status
     for name, value in (headers or {}).items():

@@ -24,9 +24,13 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the REST API with waitress")
     serve.add_argument("--host", help="bind address (API_HOST, default 0.0.0.0)")
     serve.add_argument("--port", type=int, help="port (API_PORT, default 9090; 0 picks one)")
-    serve.add_argument("--threads", type=int, help="worker threads (DOCKYARD_TASK_EXECUTOR_THREADS)")
+    serve.add_argument(
+        "--threads", type=int, help="worker threads (DOCKYARD_TASK_EXECUTOR_THREADS)"
+    )
     serve.add_argument("--base-dir", help="working directory (TASK_BASE_DIR)")
-    serve.add_argument("--token", help="bearer token required by every route but /health (API_TOKEN)")
+    serve.add_argument(
+        "--token", help="bearer token required by every route but /health (API_TOKEN)"
+    )
     return parser
 
 
@@ -59,10 +63,18 @@ def serve(settings: Settings) -> None:
         ident="dockyard",
     )
     # Printed (and flushed) so scripts that start us on port 0 can learn the real port.
-    print(f"task-executor {__version__} listening on http://{server.effective_host}:"
-          f"{server.effective_port}", flush=True)
-    log.info("serving on %s:%s with %d threads, grading capacity %d",
-             server.effective_host, server.effective_port, settings.threads, settings.max_tasks)
+    print(
+        f"task-executor {__version__} listening on http://{server.effective_host}:"
+        f"{server.effective_port}",
+        flush=True,
+    )
+    log.info(
+        "serving on %s:%s with %d threads, grading capacity %d",
+        server.effective_host,
+        server.effective_port,
+        settings.threads,
+        settings.max_tasks,
+    )
     server.run()
 
 

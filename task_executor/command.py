@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from .output import CappedOutput
 
-
 MARKER_VARIABLE = "DOCKYARD_RUN_MARKER"
 
 

@@ -10,8 +10,17 @@ import re
 from dataclasses import dataclass
 
 _DIFF_GIT = re.compile(r"^diff --git (\"?a/.+?\"?) (\"?b/.+?\"?)\r?$")
-_C_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f",
-              "r": "\r", "v": "\v"}
+_C_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    '"': '"',
+    "\\": "\\",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "r": "\r",
+    "v": "\v",
+}
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class Grader:
         self.workspaces = workspaces
 
     def grade(self, job: GradingJob) -> TaskResult:
-        """The verdict on ``job``; RepoError propagates (the caller named an unknown repo/commit)."""
+        """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"

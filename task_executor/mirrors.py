@@ -59,7 +59,9 @@ class MirrorCache:
     def resolve(self, repo: str, commit: str) -> tuple[Path, str]:
         """Ensure the mirror holds ``commit``; return (mirror path, full commit sha)."""
         if not _COMMITISH.match(commit) or commit.startswith("-"):
-            raise RepoError(f"base_commit {commit!r} is not a valid revision", code="unknown_commit")
+            raise RepoError(
+                f"base_commit {commit!r} is not a valid revision", code="unknown_commit"
+            )
         source = self.source_of(repo)
         mirror = self.mirror_path(source)
         with self._locked(mirror):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import configparser
 import posixpath
 import re
+
 import tomllib
 
 _WHOLE_FILE_NAMES = {

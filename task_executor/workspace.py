@@ -1,6 +1,6 @@
 """Working trees: a private checkout of a repository at a commit, for one task or session.
 
-This is the one small interface the rest of the executor uses (``create`` and ``Workspace.destroy``);
+This is the one small interface the rest of the executor uses (``create``, ``Workspace.destroy``);
 how the tree is made is this module's business. Today it is a ``git clone --shared`` of the local
 mirror (objects borrowed through alternates, nothing shared that a task can write to).
 """

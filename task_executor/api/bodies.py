@@ -16,13 +16,17 @@ def parse_body(model: type[Model]) -> Model:
     """The request's JSON body as ``model``: 400 invalid_json, 422 validation_error otherwise."""
     raw = request.get_data(cache=False)
     if not raw.strip():
-        raise InvalidRequest("the request body is empty; a JSON object is expected", code="empty_body")
+        raise InvalidRequest(
+            "the request body is empty; a JSON object is expected", code="empty_body"
+        )
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
         if any(error["type"] == "json_invalid" for error in errors):
-            raise InvalidRequest(f"malformed JSON: {errors[0]['msg']}", code="invalid_json") from None
+            raise InvalidRequest(
+                f"malformed JSON: {errors[0]['msg']}", code="invalid_json"
+            ) from None
         details = "; ".join(
             f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
             for error in errors[:20]

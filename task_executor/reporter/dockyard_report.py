@@ -104,10 +104,10 @@ def _aliases(test):
     names.append(test_id)
     method = getattr(test, "_testMethodName", None)
     cls = type(test)
-    class_path = "%s.%s" % (cls.__module__, cls.__qualname__)
+    class_path = f"{cls.__module__}.{cls.__qualname__}"
     if method:
-        names.append("%s (%s)" % (method, class_path))
-        names.append("%s (%s.%s)" % (method, class_path, method))
+        names.append(f"{method} ({class_path})")
+        names.append(f"{method} ({class_path}.{method})")
     try:
         names.append(str(test))
         doc = test.shortDescription()

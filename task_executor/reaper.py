@@ -1,0 +1,175 @@
+"""Finding and killing every process a shell or a test run started, however it tried to leave.
+
+Killing a process group is not enough (Sandman table A22): children that ``setsid`` or
+double-fork leave the group, and children that ignore SIGTERM outlive a polite signal. So every
+process the executor starts gets a marker in its environment (:data:`MARKER_VAR`, inherited by all
+descendants that do not scrub their environment), and a sweep finds processes by that marker, by
+session id (which survives a double fork and a scrubbed environment, but not ``setsid``) or by
+process group, optionally only those started after a given moment; then SIGTERM, a short grace,
+and SIGKILL repeated until a scan finds nothing.
+
+What escapes: a process that both scrubs its environment and calls ``setsid`` (or rewrites its
+environ block, as ``setproctitle`` may). Only a cgroup would catch those.
+
+Only ``/proc`` and signals are used (no psutil); Linux only. The caller's own process is never
+signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+MARKER_VAR = "DOCKYARD_MARKER"
+"""Environment variable whose value marks every process of one session or run."""
+
+DEFAULT_GRACE_S = 0.5
+_POLL_S = 0.01
+_KILL_ROUNDS_S = 5.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What a sweep needs to know about one process, from ``/proc/<pid>/stat``."""
+
+    pid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    """Start time in clock ticks since boot."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which processes a sweep kills: those matching any criterion, started at/after a moment."""
+
+    marker: str | None = None
+    sids: Collection[int] = ()
+    pgids: Collection[int] = ()
+    started_at_or_after: int | None = None
+    """Clock ticks since boot (see :func:`boot_ticks`); None means any age."""
+    exclude: Collection[int] = ()
+
+
+def new_marker() -> str:
+    """A fresh random marker value."""
+    return secrets.token_hex(16)
+
+
+def boot_ticks() -> int:
+    """Now, in the clock the kernel stamps process start times with (ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
+
+
+def read_proc(pid: int) -> ProcInfo | None:
+    """The process's ids and start time, or None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields start after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return ProcInfo(
+        pid=pid, pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19])
+    )
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    """Whether the process's initial environment holds ``MARKER_VAR=marker``."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    entry = f"{MARKER_VAR}={marker}".encode()
+    return environ.startswith(entry + b"\0") or b"\0" + entry + b"\0" in environ
+
+
+def _pids() -> Iterator[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def find(target: Target) -> list[ProcInfo]:
+    """Live processes that the target designates (never the calling process)."""
+    me = os.getpid()
+    found = []
+    for pid in _pids():
+        if pid == me or pid in target.exclude:
+            continue
+        info = read_proc(pid)
+        if info is None:
+            continue
+        if target.started_at_or_after is not None and info.start_ticks < target.started_at_or_after:
+            continue
+        if (
+            info.sid in target.sids
+            or info.pgid in target.pgids
+            or (target.marker is not None and has_marker(pid, target.marker))
+        ):
+            found.append(info)
+    return found
+
+
+def _signal_all(procs: list[ProcInfo], signum: int) -> None:
+    me = os.getpgrp()
+    for proc in procs:
+        try:
+            # A group whose leader is itself a target is wholly ours: signal every member,
+            # including any that scrubbed its environment.
+            if proc.pgid == proc.pid and proc.pgid != me:
+                os.killpg(proc.pgid, signum)
+            os.kill(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill(target: Target, grace: float = DEFAULT_GRACE_S) -> int:
+    """SIGTERM the target's processes, wait up to ``grace`` s, then SIGKILL until none is left.
+
+    Returns how many distinct processes were found. Stopped processes are continued so they can
+    act on SIGTERM. Fork loops are outrun by rescanning until a scan comes back empty.
+    """
+    seen: set[int] = set()
+    procs = find(target)
+    if grace > 0 and procs:
+        seen.update(p.pid for p in procs)
+        _signal_all(procs, signal.SIGTERM)
+        _signal_all(procs, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while procs and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            procs = find(target)
+    deadline = time.monotonic() + _KILL_ROUNDS_S
+    while procs:
+        seen.update(p.pid for p in procs)
+        # Freeze first so nothing forks between the scan and the kill.
+        _signal_all(procs, signal.SIGSTOP)
+        _signal_all(procs, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(_POLL_S / 10)
+        procs = find(target)
+    return len(seen)
+
+
+def kill_marked_processes(
+    marker: str, grace: float = DEFAULT_GRACE_S, started_at_or_after: int | None = None
+) -> int:
+    """Kill every process carrying ``MARKER_VAR=marker`` (see :func:`kill`)."""
+    return kill(Target(marker=marker, started_at_or_after=started_at_or_after), grace)
+
+
+def kill_process_group(pgid: int, grace: float = DEFAULT_GRACE_S) -> int:
+    """Kill every member of a process group, and of groups its members' descendants formed
+    in the same session: SIGTERM, ``grace`` s, then SIGKILL until none is left."""
+    return kill(Target(pgids=(pgid,)), grace)

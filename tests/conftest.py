@@ -1,0 +1,103 @@
+"""Shared fixtures: real git repositories, a real executor on a loopback port, the slow tier."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from task_executor.config import Settings
+from task_executor.demo import DemoTask, make_demo_task
+
+# Plugins installed beside the test-suite (hypothesis, benchmark, ...) would load into every graded
+# pytest run and slow it down; graded runs in tests load only what they need.
+FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: pass --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def demo_task(tmp_path: Path) -> DemoTask:
+    """The demo repository: a bug in calc.add, its gold fix, and held-out tests."""
+    return make_demo_task(tmp_path / "demo-repo")
+
+
+@dataclass
+class RunningExecutor:
+    url: str
+    settings: Settings
+    token: str | None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def post(self, path: str, **kwargs: object) -> requests.Response:
+        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        return requests.post(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def get(self, path: str, **kwargs: object) -> requests.Response:
+        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        return requests.get(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def submit(self, body: dict) -> requests.Response:
+        body = {**body, "env": {**FAST_PYTEST_ENV, **body.get("env", {})}}
+        return self.post("/task/submit", json=body)
+
+    def work_dirs(self) -> list[Path]:
+        return sorted((self.settings.base_dir / "work").glob("*"))
+
+
+def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
+    """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
+    from waitress import create_server
+
+    from task_executor.app import create_app
+
+    server = create_server(create_app(settings), host="127.0.0.1", port=0, threads=settings.threads)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.effective_port}"
+
+    def stop() -> None:
+        server.close()
+        thread.join(timeout=5)
+
+    return RunningExecutor(url=url, settings=settings, token=settings.token), stop
+
+
+@pytest.fixture
+def executor_factory(tmp_path: Path) -> Iterator[Callable[..., RunningExecutor]]:
+    """Start executors with custom settings; every one is stopped after the test."""
+    stops: list[Callable[[], None]] = []
+
+    def factory(**overrides: object) -> RunningExecutor:
+        base = tmp_path / f"executor-{len(stops)}"
+        settings = Settings(base_dir=base, threads=8, task_timeout=120).with_overrides(**overrides)
+        running, stop = start_executor(settings)
+        stops.append(stop)
+        return running
+
+    yield factory
+    for stop in stops:
+        stop()
+
+
+@pytest.fixture
+def executor(executor_factory: Callable[..., RunningExecutor]) -> RunningExecutor:
+    """A real executor on a loopback port, without a token."""
+    return executor_factory()
