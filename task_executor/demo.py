@@ -114,10 +114,25 @@ def make_demo_task(path: Path) -> DemoTask:
     )
 
 
+def summarize(result: dict) -> str:
+    """One line about a TaskResult (or an error body), for people reading a terminal."""
+    if "error" in result and isinstance(result["error"], dict):
+        return f"error {result['error']['code']}: {result['error']['message']}"
+    f2p = result["fail_to_pass"]
+    required = len(f2p["passed"]) + len(f2p["failed"])
+    return (
+        f"{result['task_id']}: status={result['status']} resolved={result['resolved']} "
+        f"fail_to_pass passed={len(f2p['passed'])}/{required} duration={result['duration_s']}s"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["summary"]:
+        print(summarize(json.load(sys.stdin)))
+        return 0
     if len(args) != 1:
-        print("usage: python -m task_executor.demo DIR", file=sys.stderr)
+        print("usage: python -m task_executor.demo DIR | summary < result.json", file=sys.stderr)
         return 2
     root = Path(args[0]).resolve()
     task = make_demo_task(root / "repo")
