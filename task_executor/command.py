@@ -11,48 +11,14 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .output import CappedOutput
-
-MARKER_VARIABLE = "DOCKYARD_RUN_MARKER"
-
-
-def kill_process_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_marked_processes(marker: str) -> None:
-    """SIGKILL every process whose environment carries ``marker`` (repeat until none is left)."""
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    for _ in range(20):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as handle:
-                    environ = handle.read()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                found = True
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if not found:
-            return
-        time.sleep(0.01)
+from .reaper import MARKER_VAR, Target, kill, new_marker
 
 
 @dataclass(frozen=True)
@@ -74,9 +40,9 @@ def run_command(
     tail: int = 48 * 1024,
 ) -> CommandOutcome:
     """Run ``script`` with bash; kill it and all its descendants at ``timeout`` seconds."""
-    marker = uuid.uuid4().hex
+    marker = new_marker()
     full_env = dict(env)
-    full_env[MARKER_VARIABLE] = marker
+    full_env[MARKER_VAR] = marker
     output = CappedOutput(head=head, tail=tail)
     read_fd, write_fd = os.pipe()
     started = time.monotonic()
@@ -107,10 +73,13 @@ def run_command(
         timed_out = True
         exit_code = None
     finally:
-        # Kill the group whatever happened: background children of a finished test run are as
-        # unwelcome as those of a timed-out one.
-        kill_process_group(proc.pid)
-        kill_marked_processes(marker)
+        # Kill the group, the session and every marked process whatever happened: background
+        # children of a finished test run are as unwelcome as those of a timed-out one. A timed
+        # out run gets SIGTERM and a short grace first, so test runners can flush and clean up.
+        kill(
+            Target(marker=marker, pgids=(proc.pid,), sids=(proc.pid,)),
+            grace=0.5 if timed_out else 0.0,
+        )
         if proc.poll() is None:
             proc.kill()
         proc.wait()

@@ -42,15 +42,18 @@ def git(
     input: bytes | None = None,
     timeout: float = 600.0,
     check: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``git ARGS`` and return the completed process (bytes out), raising GitFailed."""
+    env = git_env()
+    env.update(extra_env or {})
     proc = subprocess.run(
         ["git", *args],
         cwd=cwd,
         input=input,
         stdin=None if input is not None else subprocess.DEVNULL,
         capture_output=True,
-        env=git_env(),
+        env=env,
         timeout=timeout,
     )
     if check and proc.returncode != 0:

@@ -102,6 +102,9 @@ def _pids() -> Iterator[int]:
 def find(target: Target) -> list[ProcInfo]:
     """Live processes that the target designates (never the calling process)."""
     me = os.getpid()
+    # Never our own session or group, even if a caller names it.
+    sids = set(target.sids) - {os.getsid(0)}
+    pgids = set(target.pgids) - {os.getpgrp()}
     found = []
     for pid in _pids():
         if pid == me or pid in target.exclude:
@@ -112,8 +115,8 @@ def find(target: Target) -> list[ProcInfo]:
         if target.started_at_or_after is not None and info.start_ticks < target.started_at_or_after:
             continue
         if (
-            info.sid in target.sids
-            or info.pgid in target.pgids
+            info.sid in sids
+            or info.pgid in pgids
             or (target.marker is not None and has_marker(pid, target.marker))
         ):
             found.append(info)
@@ -170,6 +173,6 @@ def kill_marked_processes(
 
 
 def kill_process_group(pgid: int, grace: float = DEFAULT_GRACE_S) -> int:
-    """Kill every member of a process group, and of groups its members' descendants formed
-    in the same session: SIGTERM, ``grace`` s, then SIGKILL until none is left."""
+    """Kill every member of a process group: SIGTERM, ``grace`` s, then SIGKILL until none is
+    left (members that join the group meanwhile included)."""
     return kill(Target(pgids=(pgid,)), grace)

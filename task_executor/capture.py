@@ -1,0 +1,60 @@
+"""Capturing what an agent changed in a session's tree, as one patch against base_commit.
+
+New, deleted, renamed and binary files are included (``git add -A`` into a throwaway index, so
+the agent's own index, commits or stashes change nothing); files ``.gitignore`` names are not.
+Test-configuration files are left out of the patch and reported (Sandman A45: extraction with
+``git add -A`` once picked up a planted test configuration file and passed a non-fix).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .diffs import split_patch
+from .gitcmd import git
+from .testconfig import is_forbidden_path, is_test_config_file
+
+
+@dataclass
+class CapturedPatch:
+    patch: str
+    excluded_files: list[str] = field(default_factory=list)
+
+
+def capture_patch(tree: Path, base_commit: str, mirror: Path) -> CapturedPatch:
+    """The tree's changes against ``base_commit``, read through the executor's own mirror.
+
+    git runs with the mirror as its repository and the session tree as its work tree, so nothing
+    the agent did to the tree's ``.git`` (config with fsmonitor or filters, hooks, a deleted
+    directory) is consulted; new objects go to a scratch directory, never into the mirror.
+    """
+    with tempfile.TemporaryDirectory(prefix="dockyard-capture-") as scratch:
+        os.makedirs(os.path.join(scratch, "objects", "info"))
+        env = {
+            "GIT_DIR": str(mirror),
+            "GIT_WORK_TREE": str(tree),
+            "GIT_INDEX_FILE": os.path.join(scratch, "index"),
+            "GIT_OBJECT_DIRECTORY": os.path.join(scratch, "objects"),
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(mirror / "objects"),
+        }
+        options = ["-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
+                   "-c", "core.hooksPath=/dev/null", "-c", "core.bare=false"]
+        git([*options, "read-tree", base_commit], cwd=tree, extra_env=env)
+        git([*options, "add", "-A", "--", "."], cwd=tree, extra_env=env)
+        diff = git(
+            [*options, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
+             "--find-renames", base_commit],
+            cwd=tree,
+            extra_env=env,
+        ).stdout.decode("utf-8", "surrogateescape")
+    preamble, sections = split_patch(diff)
+    kept, excluded = [], []
+    for section in sections:
+        if any(is_test_config_file(p) or is_forbidden_path(p) for p in section.paths):
+            excluded.extend(sorted(section.paths))
+        else:
+            kept.append(section.text)
+    return CapturedPatch(patch=preamble + "".join(kept), excluded_files=sorted(set(excluded)))
