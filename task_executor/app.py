@@ -14,6 +14,7 @@ from .config import Settings
 from .errors import ExecutorError, Unauthorized
 from .grading import Grader
 from .mirrors import MirrorCache
+from .sessions import SessionManager
 from .task_registry import TaskRegistry
 from .workspace import WorkspaceFactory
 
@@ -32,17 +33,20 @@ class Services:
     grader: Grader
     task_slots: Slots
     registry: TaskRegistry
+    sessions: SessionManager
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         mirrors = MirrorCache(settings.base_dir / "mirrors")
         workspaces = WorkspaceFactory(settings.base_dir / "work", mirrors)
+        grader = Grader(settings, workspaces)
         return cls(
             settings=settings,
             mirrors=mirrors,
             workspaces=workspaces,
-            grader=Grader(settings, workspaces),
+            grader=grader,
+            sessions=SessionManager(settings, workspaces, grader),
             task_slots=Slots(settings.max_tasks, "grading"),
             registry=TaskRegistry(ttl=settings.result_ttl),
         )
@@ -88,8 +92,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response("internal_error", "internal error (see the executor log)", 500)
 
-    from .api import health, task
+    from .api import health, session, task
 
     app.register_blueprint(health.blueprint)
     app.register_blueprint(task.blueprint)
+    app.register_blueprint(session.blueprint)
     return app

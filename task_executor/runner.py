@@ -1,0 +1,525 @@
+"""A persistent bash per session that never wedges: :class:`ShellSession`.
+
+One long-lived ``bash`` keeps what a terminal keeps between commands (cwd, variables, exported
+environment, functions, aliases, background jobs). Each :meth:`ShellSession.run` goes through
+the Sandman checklist (DESIGN.md, "Command runner"):
+
+* **Syntax check first** (:mod:`task_executor.syntax`): bash's parser refuses unterminated input
+  in milliseconds with its own message and exit status 2; nothing runs, state is kept.
+* **Own process groups**: the shell runs with job control (``set -m``), so every job of a command
+  gets a process group of its own; every process carries the session's marker in its environment
+  (:mod:`task_executor.reaper`).
+* **Continuous, capped drain**: stdout and stderr share one pipe, read while the command runs
+  into a :class:`~task_executor.output.CappedOutput`; memory stays flat under any flood.
+* **Strict status frame** (:mod:`task_executor.framing`), on a pipe of its own that the command
+  cannot see.
+
+How the shell is driven: the command's text goes into a memfd the shell holds; one control line
+on the shell's stdin makes it read the text, check it, ``eval`` it at top level (so ``cd``,
+assignments, ``export`` and function definitions persist) with stdin ``/dev/null`` and the
+private fds closed, then save a snapshot of its state (``declare -p``, ``declare -f``,
+``alias -p``, ``shopt -p``) into a second memfd and write the frame.
+
+When the shell cannot be trusted any more (timeout, the shell exited or was killed, a bad frame,
+a failed liveness check) it is *recovered*: the shell is killed, so is every process started
+since the command began (SIGTERM, a short grace, SIGKILL until none is left; found by marker,
+session id and start time, so background, TERM-ignoring and double-forked children die too),
+and a fresh shell is started and given back the snapshot. What a recovery keeps: the variables,
+exported environment, functions, aliases and ``shopt`` options as of the end of the last
+completed command, and the cwd as of the moment of the recovery (or of the last completed
+command if the shell had died). What it loses: ``set`` options (``set -e`` would otherwise kill
+every later shell), traps, the job table, ``umask``/``ulimit`` and the directory stack.
+Background jobs started by *earlier* commands keep running, as they would after Ctrl-C in a
+terminal (they no longer appear in ``jobs``); :meth:`ShellSession.restart` and
+:meth:`ShellSession.close` kill them too.
+
+A command's background children that outlive a normally finished command keep running (like
+``cmd &`` in a terminal); their later output shows up in the next command's output.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import select
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from sandbox_client.protocol import ExecResult
+from task_executor import reaper
+from task_executor.framing import FRAME_PRINTF, Frame, FrameError, FrameParser
+from task_executor.output import CappedOutput
+from task_executor.syntax import CHECK_FUNCTION, REFUSED_STATUS, tidy_message
+
+KILL_GRACE_S = 0.5
+"""Seconds between SIGTERM and SIGKILL when a command's processes are killed."""
+START_TIMEOUT_S = 10.0
+_PIPE_SIZE = 1 << 20
+_READ_CHUNK = 1 << 18
+_LOW_FD = 100  # private fds live at/above this so they never collide with the agent's 3..9
+
+# The shell's side of the protocol. {sfd}, {cfd}, {pfd}: status pipe, command memfd, snapshot
+# memfd. Builtins are called through `builtin` so that agent functions named printf, read...
+# cannot hijack the frame; errexit cannot fire in it (`|| builtin true`).
+_BOOTSTRAP = (
+    "set -m\n"
+    "__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0\n"
+    + CHECK_FUNCTION
+    + r"""
+__dy_ret() { return "$1"; }
+__dy_pre() {
+  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd
+  if ! __dy_check "$__dy_cmd"; then
+    __dy_rc=2
+    builtin printf '@FRAME@' "$1" refused 2 >&"$__dy_sfd"
+    return 1
+  fi
+}
+__dy_post() {
+  __dy_rc=$1 __dy_cmd= __dy_msg=
+  { builtin declare -p; builtin declare -f; builtin alias -p; builtin shopt -p
+  } >|"/proc/self/fd/$__dy_pfd" || builtin true
+  builtin printf '@FRAME@' "$2" ran "$1" >&"$__dy_sfd"
+}
+__dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
+""".replace("@FRAME@", FRAME_PRINTF)
+)
+_FD_VARS = "__dy_sfd={sfd} __dy_cfd={cfd} __dy_pfd={pfd}\n"
+# Backslashes keep agent aliases from rewriting the control lines.
+_RUN_LINE = (
+    '{{ \\__dy_pre {nonce}; }} 2>/dev/null && {{ {{ \\__dy_ret "$__dy_rc"; }} 2>/dev/null; '
+    '\\eval "$__dy_cmd" {sfd}>&- {cfd}>&- {pfd}>&- </dev/null; '
+    '{{ \\__dy_post "$?" {nonce}; }} 2>/dev/null; }}\n'
+)
+_PING_LINE = "{{ \\__dy_ping {nonce}; }} 2>/dev/null\n"
+_SOURCE_LINE = "{{ \\builtin source /proc/self/fd/{cfd}; }} >/dev/null 2>&1\n"
+
+
+class _ShellGone(Exception):
+    """The shell's status pipe closed, or its stdin did, with no frame begun: it exited."""
+
+
+class ShellStartError(RuntimeError):
+    """A fresh shell did not answer its first ping."""
+
+
+class SessionClosed(RuntimeError):
+    """The session was closed; it runs nothing more."""
+
+
+@dataclass
+class _Shell:
+    """One bash process and the fds that die with it."""
+
+    proc: subprocess.Popen[bytes]
+    stdin_fd: int
+    status_fd: int
+    status_w: int  # the number the shell knows its end of the status pipe by
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class ShellSession:
+    """A persistent bash: run commands one at a time, each checked, framed, capped, killable.
+
+    ``env`` is the shell's whole environment (nothing is inherited from the executor); the
+    session adds its marker. ``output_cap`` is the number of output bytes kept per command,
+    half from the head and half from the tail. Thread-safe: calls are serialized, except that
+    :meth:`close` kills a running command at once and :meth:`check_alive` on a busy session
+    answers from the process state.
+    """
+
+    def __init__(
+        self,
+        cwd: str,
+        env: dict[str, str],
+        default_timeout: float = 300.0,
+        output_cap: int = 64 * 1024,
+    ) -> None:
+        self.commands_run = 0
+        self._initial_cwd = cwd
+        self._default_timeout = default_timeout
+        self._head = output_cap // 2
+        self._tail = output_cap - self._head
+        self._marker = reaper.new_marker()
+        self._env = {**env, reaper.MARKER_VAR: self._marker}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._suspect = False
+        self._sids: set[int] = set()
+        self._shell: _Shell | None = None
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+            pass
+        os.set_blocking(out_r, False)
+        self._out_r, self._out_w = out_r, out_w
+        self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
+        self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
+        self._snap_fd = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
+        try:
+            self._shell = self._spawn(cwd)
+        except BaseException:
+            self._close_fds()
+            raise
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current shell (it changes when the shell is recovered)."""
+        return self._shell.pid if self._shell is not None else None
+
+    @property
+    def marker(self) -> str:
+        """Value of :data:`~task_executor.reaper.MARKER_VAR` in every process of the session."""
+        return self._marker
+
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run one command; never raises for anything the command does."""
+        limit = self._default_timeout if timeout is None else timeout
+        with self._lock:
+            self._check_open()
+            self.commands_run += 1
+            started = time.monotonic()
+            if "\0" in command:
+                return ExecResult(
+                    exit_code=REFUSED_STATUS,
+                    output="dockyard: not run: the command contains a NUL byte\n",
+                    duration_s=time.monotonic() - started,
+                )
+            if self._suspect or not self._shell_running():
+                self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
+            result = self._run_locked(command, limit, started)
+            result.duration_s = time.monotonic() - started
+            return result
+
+    def check_alive(self, within: float = 2.0) -> bool:
+        """Whether the shell answers a trivial command within ``within`` seconds.
+
+        While a command runs, the shell cannot answer; then the answer is whether its process
+        exists and is not stopped. A shell that fails the check is recovered before the next
+        command.
+        """
+        if not self._lock.acquire(blocking=False):
+            return self._shell_running()
+        try:
+            if self._closed or self._shell is None or not self._shell_running():
+                return False
+            nonce = secrets.token_hex(16)
+            deadline = time.monotonic() + within
+            try:
+                self._send(_PING_LINE.format(nonce=nonce))
+                frame = self._await_frame(nonce, None, deadline)
+            except (_ShellGone, FrameError):
+                frame = None
+            if frame is None or frame.kind != "ready":
+                self._suspect = True
+                return False
+            return True
+        finally:
+            self._lock.release()
+
+    def cwd(self) -> str | None:
+        """The shell's current directory, or None if there is no live shell."""
+        return self._shell_cwd()
+
+    def restart(self, cwd: str | None = None) -> None:
+        """Kill every process of the session and start a fresh shell; all state is lost."""
+        with self._lock:
+            self._check_open()
+            self._kill_everything()
+            os.ftruncate(self._snap_fd, 0)
+            self._drain(None, self._pipe_size * 4)
+            self._sids.clear()
+            self._suspect = False
+            self._shell = self._spawn(cwd or self._initial_cwd)
+
+    def close(self) -> None:
+        """Kill every process of the session and close every fd; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Kill first, without the lock, so that a running command ends now (its run() then
+        # sees the shell die and returns); then, holding the lock, sweep again and free fds.
+        self._sweep(grace=KILL_GRACE_S)
+        with self._lock:
+            self._kill_everything()
+            self._close_fds()
+
+    def __enter__(self) -> ShellSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one command --------------------------------------------------------------------------
+
+    def _run_locked(self, command: str, limit: float, started: float) -> ExecResult:
+        shell = self._shell
+        assert shell is not None
+        out = CappedOutput(self._head, self._tail)
+        since = reaper.boot_ticks()
+        nonce = secrets.token_hex(16)
+        os.ftruncate(self._cmd_fd, 0)
+        os.pwrite(self._cmd_fd, _encode(command), 0)
+        os.lseek(self._cmd_fd, 0, os.SEEK_SET)
+        line = _RUN_LINE.format(
+            nonce=nonce, sfd=shell.status_w, cfd=self._cmd_fd, pfd=self._snap_fd
+        )
+        exit_code: int | None = None
+        error: str | None = None
+        timed_out = False
+        try:
+            self._send(line)
+            frame = self._await_frame(nonce, out, started + limit)
+            if frame is None:
+                timed_out = True
+            elif frame.kind == "ready":
+                error = "invalid frame: a ping answer instead of a status"
+            else:
+                self._drain(out, self._pipe_size)
+                text = out.text()
+                return ExecResult(
+                    exit_code=frame.status,
+                    output=tidy_message(text) if frame.kind == "refused" else text,
+                    truncated=out.truncated,
+                    output_bytes=out.total_bytes,
+                )
+        except FrameError as exc:
+            error = str(exc)
+        except _ShellGone:
+            exit_code, error = self._exit_report(shell)
+        self._recover(since=since, cwd=self._shell_cwd(), out=out)
+        if self._closed:
+            exit_code, error = None, "session closed while the command ran"
+        return ExecResult(
+            exit_code=exit_code,
+            output=out.text(),
+            truncated=out.truncated,
+            output_bytes=out.total_bytes,
+            timed_out=timed_out,
+            error=error,
+        )
+
+    def _exit_report(self, shell: _Shell) -> tuple[int | None, str]:
+        """The exit status and error text for a shell that died during a command."""
+        try:
+            status = shell.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None, "shell closed its status pipe but did not exit; restarted"
+        if status < 0:
+            return None, f"shell killed by signal {-status}; restarted"
+        # `exit 3` typed by the agent: its status is the command's, the shell is restarted.
+        return status, f"shell exited with status {status}; restarted"
+
+    def _await_frame(self, nonce: str, out: CappedOutput | None, deadline: float) -> Frame | None:
+        """Drain output into ``out`` until the frame arrives (returned) or the deadline (None).
+
+        Raises FrameError for a bad frame and _ShellGone when the status pipe closes with no
+        frame begun. With ``out`` None the output is left in the pipe (a ping between commands).
+        """
+        shell = self._shell
+        assert shell is not None
+        parser = FrameParser(nonce)
+        poller = select.poll()
+        poller.register(shell.status_fd, select.POLLIN)
+        if out is not None:
+            poller.register(self._out_r, select.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
+                if fd == self._out_r:
+                    self._drain(out, _READ_CHUNK)
+                    continue
+                chunk = os.read(shell.status_fd, 256)
+                if not chunk:
+                    parser.finish()
+                    raise _ShellGone
+                frame = parser.feed(chunk)
+                if frame is not None:
+                    return frame
+
+    def _drain(self, out: CappedOutput | None, limit: int) -> None:
+        """Read what the output pipe holds now, at most ``limit`` bytes (bounded even while a
+        background job keeps writing)."""
+        taken = 0
+        while taken < limit:
+            try:
+                chunk = os.read(self._out_r, min(_READ_CHUNK, limit - taken))
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            taken += len(chunk)
+            if out is not None:
+                out.write(chunk)
+
+    def _send(self, line: str) -> None:
+        assert self._shell is not None
+        data = line.encode()
+        try:
+            while data:
+                data = data[os.write(self._shell.stdin_fd, data) :]
+        except BrokenPipeError as exc:
+            raise _ShellGone from exc
+
+    # -- shell lifecycle ----------------------------------------------------------------------
+
+    def _spawn(self, cwd: str, restore: bytes | None = None) -> _Shell:
+        """Start a bash, give it the protocol (and a state to restore), wait for its ping."""
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        child_w = _high_fd(status_w)
+        try:
+            proc = subprocess.Popen(
+                ["bash", "--noprofile", "--norc"],
+                stdin=subprocess.PIPE,
+                stdout=self._out_w,
+                stderr=self._out_w,
+                cwd=cwd,
+                env=self._env,
+                pass_fds=(child_w, self._cmd_fd, self._snap_fd),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(child_w)
+        assert proc.stdin is not None
+        self._sids.add(proc.pid)
+        shell = _Shell(proc, proc.stdin.fileno(), status_fd=status_r, status_w=child_w)
+        self._shell = shell
+        fds = {"sfd": child_w, "cfd": self._cmd_fd, "pfd": self._snap_fd}
+        script = _BOOTSTRAP + _FD_VARS.format(**fds)
+        try:
+            self._send(script)
+            if restore is not None:
+                os.ftruncate(self._cmd_fd, 0)
+                os.pwrite(self._cmd_fd, restore, 0)
+                self._send(_SOURCE_LINE.format(**fds) + _FD_VARS.format(**fds))
+            nonce = secrets.token_hex(16)
+            self._send(_PING_LINE.format(nonce=nonce))
+            frame = self._await_frame(nonce, None, time.monotonic() + START_TIMEOUT_S)
+            if frame is None or frame.kind != "ready":
+                raise ShellStartError(f"bash did not answer its first ping ({frame})")
+        except (_ShellGone, FrameError, ShellStartError) as exc:
+            _kill_now(shell)
+            self._shell = None
+            raise ShellStartError(f"bash did not start: {exc!r}") from exc
+        return shell
+
+    def _recover(self, since: int, cwd: str | None, out: CappedOutput | None = None) -> None:
+        """Kill the shell and what the current command started; start a shell with the saved
+        state, in ``cwd`` (None: the cwd the saved state recorded)."""
+        if self._shell is not None:
+            _kill_now(self._shell)
+            self._shell = None
+        if self._closed:
+            return
+        reaper.kill(
+            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since),
+            grace=KILL_GRACE_S,
+        )
+        self._drain(out, self._pipe_size)
+        snapshot = _read_all(self._snap_fd)
+        if cwd is not None:
+            go = b"builtin cd -- " + shlex.quote(cwd).encode("utf-8", "surrogateescape")
+        else:
+            go = b'builtin cd -- "$PWD"'
+        self._suspect = False
+        start_in = cwd if cwd is not None and os.path.isdir(cwd) else self._initial_cwd
+        if not os.path.isdir(start_in):
+            start_in = "/"
+        self._shell = self._spawn(start_in, restore=snapshot + b"\n" + go + b"\n")
+
+    def _kill_everything(self) -> None:
+        if self._shell is not None:
+            _kill_now(self._shell)
+            self._shell = None
+        self._sweep(grace=KILL_GRACE_S)
+
+    def _sweep(self, grace: float) -> None:
+        """Kill every process of the session: marked, or in any session a shell of ours led."""
+        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids)), grace=grace)
+
+    def _shell_running(self) -> bool:
+        """The shell process exists and is neither a zombie nor stopped."""
+        shell = self._shell
+        if shell is None:
+            return False
+        try:
+            with open(f"/proc/{shell.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        state = stat[stat.rfind(b")") + 2 :][:1]
+        return state not in (b"Z", b"X", b"T", b"t")
+
+    def _shell_cwd(self) -> str | None:
+        shell = self._shell
+        if shell is None or shell.proc.poll() is not None:
+            return None
+        try:
+            path = os.readlink(f"/proc/{shell.pid}/cwd")
+        except OSError:
+            return None
+        return path.removesuffix(" (deleted)")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed("the shell session is closed")
+
+    def _close_fds(self) -> None:
+        for fd in (self._out_r, self._out_w, self._cmd_fd, self._snap_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _kill_now(shell: _Shell) -> None:
+    """SIGKILL the shell itself (its state is in the snapshot), reap it, close its pipes."""
+    try:
+        os.kill(shell.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        shell.proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:  # stuck in the kernel; the sweep retries
+        pass
+    assert shell.proc.stdin is not None
+    try:
+        shell.proc.stdin.close()
+    except OSError:  # BrokenPipe while flushing: nothing was buffered that matters
+        pass
+    os.close(shell.status_fd)
+
+
+def _high_fd(fd: int) -> int:
+    """Move ``fd`` to a number >= 100 (close-on-exec), closing the original."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW_FD)
+    os.close(fd)
+    return high
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""
+
+
+def _encode(command: str) -> bytes:
+    try:
+        return command.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return command.encode("utf-8", "replace")

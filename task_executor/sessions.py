@@ -1,0 +1,282 @@
+"""Multi-turn sessions: a workspace and a persistent shell per session, and their lifecycle.
+
+A session owns one workspace (a fresh tree at base_commit, setup done) and one ``ShellSession``.
+Calls on one session are serialized (a second concurrent call is refused with 409, never queued
+behind a long command); sessions idle past the idle timeout are closed by a reaper thread; at
+most ``max_sessions`` live at once (429 beyond). ``finish`` captures the agent's diff and grades it
+through the same ``Grader`` as ``/task/submit``. Nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sandbox_client.protocol import (
+    ExecResult,
+    FileWriteResult,
+    FinishResult,
+    FinishSpec,
+    SessionStartResult,
+    SessionStartSpec,
+    SessionState,
+)
+
+from .capture import capture_patch
+from .command import run_command
+from .config import Settings
+from .errors import Conflict, InvalidRequest, NotFound, OverCapacity
+from .files import FileBytes, read_file, write_file
+from .grading import Grader, GradingJob, sandbox_env
+from .runner import ShellSession
+from .workspace import Workspace, WorkspaceFactory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One live session; ``lock`` serializes calls on it."""
+
+    session_id: str
+    spec: SessionStartSpec
+    workspace: Workspace
+    shell: ShellSession
+    started: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+class SessionManager:
+    """Creates, serves and closes sessions."""
+
+    def __init__(self, settings: Settings, workspaces: WorkspaceFactory, grader: Grader) -> None:
+        self.settings = settings
+        self.workspaces = workspaces
+        self.grader = grader
+        self._sessions: dict[str, Session] = {}
+        self._starting = 0
+        self._guard = threading.Lock()
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def live(self) -> int:
+        return len(self._sessions)
+
+    def start(self, spec: SessionStartSpec) -> SessionStartResult:
+        with self._guard:
+            if len(self._sessions) + self._starting >= self.settings.max_sessions:
+                raise OverCapacity(
+                    f"{self.settings.max_sessions} sessions are live; close one or retry later",
+                    retry_after=5,
+                )
+            self._starting += 1
+            self._ensure_reaper()
+        try:
+            session = self._open(spec)
+        finally:
+            with self._guard:
+                self._starting -= 1
+        with self._guard:
+            self._sessions[session.session_id] = session
+        log.info("session %s started (task %s)", session.session_id, spec.task_id)
+        return SessionStartResult(
+            session_id=session.session_id,
+            workdir=str(session.workspace.path),
+            base_commit=session.workspace.base_commit,
+        )
+
+    def _open(self, spec: SessionStartSpec) -> Session:
+        workspace = self.workspaces.create(spec.repo, spec.base_commit)
+        try:
+            env = self._env(workspace, spec)
+            self._run_setup(spec, workspace, env)
+            shell = ShellSession(
+                cwd=str(workspace.path),
+                env=env,
+                default_timeout=spec.command_timeout or self.settings.command_timeout,
+                output_cap=self.settings.output_cap_bytes,
+            )
+        except BaseException:
+            workspace.destroy()
+            raise
+        return Session(uuid.uuid4().hex, spec, workspace, shell)
+
+    def _env(self, workspace: Workspace, spec: SessionStartSpec) -> dict[str, str]:
+        return sandbox_env(self.settings, workspace.root / "home", spec.env)
+
+    def _run_setup(self, spec: SessionStartSpec, workspace: Workspace, env: dict[str, str]) -> None:
+        for command in spec.setup:
+            outcome = run_command(
+                command, cwd=str(workspace.path), env=env, timeout=self.settings.task_timeout
+            )
+            if outcome.timed_out or outcome.exit_code != 0:
+                raise InvalidRequest(
+                    f"setup command failed ({'timeout' if outcome.timed_out else outcome.exit_code})"
+                    f": {command}\n{outcome.output[-2000:]}",
+                    code="setup_failed",
+                )
+
+    def close(self, session_id: str) -> None:
+        session = self._pop(session_id)
+        with session.lock:
+            self._dispose(session)
+
+    def close_all(self) -> None:
+        self._stop.set()
+        with self._guard:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            self._dispose(session)
+
+    def _pop(self, session_id: str) -> Session:
+        with self._guard:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        return session
+
+    @staticmethod
+    def _dispose(session: Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        try:
+            session.shell.close()
+        finally:
+            session.workspace.destroy()
+        log.info("session %s closed", session.session_id)
+
+    # ------------------------------------------------------------------ calls
+
+    @contextmanager
+    def _using(self, session_id: str, touch: bool = True) -> Iterator[Session]:
+        with self._guard:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        if not session.lock.acquire(blocking=False):
+            raise Conflict(
+                "another call on this session is running", code="session_busy", retry_after=1
+            )
+        try:
+            if session.closed:
+                raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+            yield session
+            if touch:
+                session.last_used = time.monotonic()
+        finally:
+            session.lock.release()
+
+    def exec(self, session_id: str, command: str, timeout: float | None) -> ExecResult:
+        with self._using(session_id) as session:
+            return session.shell.run(command, timeout=timeout)
+
+    def read(self, session_id: str, path: str) -> FileBytes:
+        with self._using(session_id) as session:
+            return read_file(session.workspace.path, path)
+
+    def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
+        with self._using(session_id) as session:
+            return write_file(session.workspace.path, path, data)
+
+    def state(self, session_id: str) -> SessionState:
+        with self._using(session_id, touch=False) as session:
+            now = time.monotonic()
+            return SessionState(
+                session_id=session_id,
+                alive=session.shell.check_alive(within=2.0),
+                cwd=session.shell.cwd(),
+                age_s=round(now - session.started, 3),
+                idle_s=round(now - session.last_used, 3),
+                commands_run=session.shell.commands_run,
+            )
+
+    def reset(self, session_id: str) -> SessionStartResult:
+        """Back to the base state: a fresh workspace (setup rerun) and a fresh shell."""
+        with self._using(session_id) as session:
+            session.shell.close()
+            session.workspace.destroy()
+            try:
+                fresh = self._open(session.spec)
+            except BaseException:
+                session.closed = True
+                with self._guard:
+                    self._sessions.pop(session_id, None)
+                raise
+            session.workspace, session.shell = fresh.workspace, fresh.shell
+            return SessionStartResult(
+                session_id=session_id,
+                workdir=str(session.workspace.path),
+                base_commit=session.workspace.base_commit,
+            )
+
+    def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:
+        """Capture the diff, close the session, grade the diff in a fresh tree."""
+        with self._using(session_id) as session:
+            captured = capture_patch(
+                session.workspace.path, session.workspace.base_commit, session.workspace.mirror
+            )
+            with self._guard:
+                self._sessions.pop(session_id, None)
+            self._dispose(session)
+        job = GradingJob(
+            task_id=session.spec.task_id or session_id,
+            repo=session.spec.repo,
+            base_commit=session.workspace.base_commit,
+            patch=captured.patch,
+            spec=spec,
+            setup=list(session.spec.setup),
+            env=dict(session.spec.env),
+        )
+        result = self.grader.grade(job)
+        result.excluded_files = sorted(set(result.excluded_files) | set(captured.excluded_files))
+        return FinishResult(patch=captured.patch, result=result)
+
+    # ------------------------------------------------------------------ idle reaping
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = threading.Thread(
+                target=self._reap_idle_forever, name="session-reaper", daemon=True
+            )
+            self._reaper.start()
+
+    def _reap_idle_forever(self) -> None:
+        interval = min(30.0, max(0.2, self.settings.session_idle_timeout / 4))
+        while not self._stop.wait(interval):
+            self.reap_idle()
+
+    def reap_idle(self) -> list[str]:
+        """Close sessions idle past the timeout (busy ones are left alone); return their ids."""
+        now = time.monotonic()
+        with self._guard:
+            idle = [
+                s for s in self._sessions.values()
+                if now - s.last_used > self.settings.session_idle_timeout
+            ]
+        reaped = []
+        for session in idle:
+            if not session.lock.acquire(blocking=False):
+                continue
+            try:
+                with self._guard:
+                    if self._sessions.get(session.session_id) is not session:
+                        continue
+                    del self._sessions[session.session_id]
+                self._dispose(session)
+                reaped.append(session.session_id)
+                log.info("session %s reaped after idling", session.session_id)
+            finally:
+                session.lock.release()
+        return reaped
