@@ -120,9 +120,9 @@ class SessionManager:
                 command, cwd=str(workspace.path), env=env, timeout=self.settings.task_timeout
             )
             if outcome.timed_out or outcome.exit_code != 0:
+                why = "timed out" if outcome.timed_out else f"exited {outcome.exit_code}"
                 raise InvalidRequest(
-                    f"setup command failed ({'timeout' if outcome.timed_out else outcome.exit_code})"
-                    f": {command}\n{outcome.output[-2000:]}",
+                    f"setup command {why}: {command}\n{outcome.output[-2000:]}",
                     code="setup_failed",
                 )
 
@@ -273,8 +273,10 @@ class SessionManager:
                 with self._guard:
                     if self._sessions.get(session.session_id) is not session:
                         continue
-                    del self._sessions[session.session_id]
+                # Disposed before it leaves the table: whoever sees a 404 sees it fully gone.
                 self._dispose(session)
+                with self._guard:
+                    self._sessions.pop(session.session_id, None)
                 reaped.append(session.session_id)
                 log.info("session %s reaped after idling", session.session_id)
             finally:

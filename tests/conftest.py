@@ -58,6 +58,14 @@ class RunningExecutor:
         body = {**body, "env": {**FAST_PYTEST_ENV, **body.get("env", {})}}
         return self.post("/task/submit", json=body)
 
+    def put(self, path: str, **kwargs: object) -> requests.Response:
+        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        return requests.put(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, path: str, **kwargs: object) -> requests.Response:
+        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        return requests.delete(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
     def work_dirs(self) -> list[Path]:
         return sorted((self.settings.base_dir / "work").glob("*"))
 
@@ -68,14 +76,25 @@ def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], No
 
     from task_executor.app import create_app
 
-    server = create_server(create_app(settings), host="127.0.0.1", port=0, threads=settings.threads)
-    thread = threading.Thread(target=server.run, daemon=True)
+    app = create_app(settings)
+    server = create_server(app, host="127.0.0.1", port=0, threads=settings.threads)
+    stopping = threading.Event()
+
+    def poll_until_stopped() -> None:
+        # Polling in short rounds lets stop() end the loop before any socket is closed under it.
+        while not stopping.is_set():
+            server.asyncore.loop(timeout=0.05, map=server._map, count=1)
+
+    thread = threading.Thread(target=poll_until_stopped, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.effective_port}"
 
     def stop() -> None:
-        server.close()
-        thread.join(timeout=5)
+        stopping.set()
+        thread.join(timeout=10)
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=10)
+        server.asyncore.close_all(server._map)  # the listener, open channels and the trigger
+        app.extensions["dockyard"].sessions.close_all()
 
     return RunningExecutor(url=url, settings=settings, token=settings.token), stop
 
