@@ -249,6 +249,13 @@ class ExecResult(_Response):
     )
 
 
+class SessionClosed(_Response):
+    """Answer to ``DELETE /session/<id>``."""
+
+    session_id: str
+    closed: bool = Field(description="Always true: the session and its processes are gone.")
+
+
 class FileWriteResult(_Response):
     """Answer to ``PUT /session/<id>/file``."""
 

@@ -14,8 +14,22 @@ from . import __version__
 
 _JSON_ROUTES: list[tuple[str, str, type[BaseModel] | None, type[BaseModel], str]] = [
     ("/task/submit", "post", protocol.TaskSpec, protocol.TaskResult, "Grade one patch"),
+    ("/session/start", "post", protocol.SessionStartSpec, protocol.SessionStartResult,
+     "Open a session: fresh tree, persistent shell"),
+    ("/session/{session_id}/exec", "post", protocol.ExecRequest, protocol.ExecResult,
+     "Run one command in the session's shell"),
+    ("/session/{session_id}/reset", "post", None, protocol.SessionStartResult,
+     "Back to the base tree and a fresh shell"),
+    ("/session/{session_id}", "get", None, protocol.SessionState, "Session state"),
+    ("/session/{session_id}/finish", "post", protocol.FinishSpec, protocol.FinishResult,
+     "Capture the diff, grade it, close the session"),
+    ("/session/{session_id}", "delete", None, protocol.SessionClosed, "Close without grading"),
+    ("/session/{session_id}/file", "put", None, protocol.FileWriteResult,
+     "Write raw bytes to ?path= inside the workspace"),
     ("/health", "get", None, protocol.HealthResponse, "Liveness and capabilities (no auth)"),
 ]
+_RAW_BODY = {"content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                  "format": "binary"}}}}
 
 
 def _body(ref: str) -> dict[str, Any]:
@@ -48,11 +62,23 @@ def openapi_document() -> dict[str, Any]:
         }
         if request_model is not None:
             operation["requestBody"] = {"required": True, **_body(ref(request_model))}
-            for status in ("400", "401", "409", "413", "422", "429"):
-                operation["responses"][status] = error
+        if "{session_id}" in path:
+            operation["parameters"] = [_parameter("session_id", "path")]
+        if path.endswith("/file"):
+            operation["parameters"].append(_parameter("path", "query"))
+            operation["requestBody"] = {"required": True, **_RAW_BODY}
         if path != "/health":
             operation["security"] = [{"bearer": []}]
+            for status in ("400", "401", "403", "404", "409", "413", "422", "429"):
+                operation["responses"][status] = error
         paths.setdefault(path, {})[method] = operation
+    paths["/session/{session_id}/file"]["get"] = {
+        "summary": "Read a file's raw bytes (X-File-Size and X-File-SHA256 headers)",
+        "parameters": [_parameter("session_id", "path"), _parameter("path", "query")],
+        "security": [{"bearer": []}],
+        "responses": {"200": {"description": "The file's bytes", **_RAW_BODY},
+                      **{s: error for s in ("400", "401", "403", "404")}},
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "Dockyard task executor", "version": __version__},
@@ -62,6 +88,10 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+def _parameter(name: str, where: str) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": True, "schema": {"type": "string"}}
 
 
 def _is_request(model: type[BaseModel]) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, request
 
-from sandbox_client.protocol import ExecRequest, FinishSpec, SessionStartSpec
+from sandbox_client.protocol import ExecRequest, FinishSpec, SessionClosed, SessionStartSpec
 
 from ..errors import InvalidRequest
 from .bodies import parse_body
@@ -72,4 +72,4 @@ def finish(session_id: str) -> dict:
 @blueprint.delete("/<session_id>")
 def close(session_id: str) -> dict:
     _services().sessions.close(session_id)
-    return {"session_id": session_id, "closed": True}
+    return SessionClosed(session_id=session_id, closed=True).model_dump(mode="json")
