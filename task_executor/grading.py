@@ -22,7 +22,7 @@ from .config import Settings
 from .diffs import split_patch
 from .errors import InvalidRequest, RepoError
 from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
-from .results import TestRun, exit_status_conflict, read_report
+from .results import ReportedTests, exit_status_conflict, read_report
 from .workspace import Workspace, WorkspaceFactory
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,9 @@ class Grader:
         return outcome
 
     @staticmethod
-    def _judge(job: GradingJob, run: TestRun, outcome: CommandOutcome, result: TaskResult) -> None:
+    def _judge(
+        job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
+    ) -> None:
         required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
         tests = dict(run.states)
         for name in required:

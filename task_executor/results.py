@@ -18,7 +18,7 @@ _BAD = ("FAILED", "ERROR")
 
 
 @dataclass
-class TestRun:
+class ReportedTests:
     """What the reporter saw: per-test states, name aliases, and whether the session finished."""
 
     states: dict[str, TestState] = field(default_factory=dict)
@@ -61,9 +61,9 @@ _UNITTEST_STATES: dict[str, TestState] = {
 _SEVERITY = {"MISSING": 0, "PASSED": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
 
 
-def read_report(path: Path) -> TestRun:
+def read_report(path: Path) -> ReportedTests:
     """Parse the reporter's JSON lines; a malformed line is ignored, not trusted."""
-    run = TestRun()
+    run = ReportedTests()
     if not path.exists():
         return run
     phases: dict[str, dict[str, dict]] = {}
@@ -98,7 +98,7 @@ def read_report(path: Path) -> TestRun:
     return run
 
 
-def exit_status_conflict(run: TestRun, exit_code: int) -> str | None:
+def exit_status_conflict(run: ReportedTests, exit_code: int) -> str | None:
     """Why the test command's exit status contradicts the reported tests, or None if it agrees."""
     if exit_code == 0 and run.any_failed:
         failed = sorted(name for name, state in run.states.items() if state in _BAD)
