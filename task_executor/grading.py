@@ -140,7 +140,9 @@ class Grader:
                 mark = time.monotonic()
                 workspace.destroy()
                 phases.cleanup = time.monotonic() - mark
-            result.phases = phases
+            result.phases = PhaseTimings(
+                **{name: round(seconds, 4) for name, seconds in phases.model_dump().items()}
+            )
             result.duration_s = round(time.monotonic() - started, 4)
             result.log = "".join(log_parts)[-self.settings.log_tail_bytes :]
             log.info(
