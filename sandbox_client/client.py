@@ -1,0 +1,381 @@
+"""``SandboxClient``: protocol v1 over one pooled HTTP session, round-robin over a fleet.
+
+Rules this module keeps (DESIGN.md, STYLE.md habit 4):
+
+* Tasks and new sessions are dealt round-robin over the executor URLs (one shared counter behind
+  a lock, so a batch from many threads spreads evenly).
+* A call moves to the next executor only when it provably never reached a server: the cause is a
+  refused or timed-out connect (``ExecutorUnreachable``). Anything that may have run stays put.
+* 429/503 mean "not taken": waited out (``Retry-After`` is the floor of a jittered exponential
+  backoff) and retried on the same executor, within a count and a time budget.
+* A submit whose reply was lost is re-submitted with the same ``task_id`` to the same executor,
+  which answers the stored verdict (or 409 ``task_in_progress`` while it still grades): the
+  tests never run twice for one task_id. Nothing else is ever replayed after a lost reply.
+* Every call carries a ``(connect, read)`` timeout; calls that run tests or commands read for
+  their own wall clock plus a margin.
+* Every failure leaves through ``_exchange``, the one boundary that translates requests, urllib3
+  and pydantic errors into the ``TaskExecutorError`` tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar, overload
+
+import pydantic
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+from .config import ClientConfig, Timeout, resolve_config
+from .errors import (
+    ConnectionLost,
+    ExecutorBusy,
+    ExecutorRejected,
+    ExecutorTimeout,
+    ExecutorUnreachable,
+    ProtocolError,
+    ReplyLost,
+    TaskExecutorError,
+)
+from .protocol import (
+    ErrorResponse,
+    HealthResponse,
+    SessionStartResult,
+    SessionStartSpec,
+    TaskResult,
+    TaskSpec,
+)
+from .session import RemoteSession
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+T = TypeVar("T")
+
+USER_AGENT = "dockyard-sandbox-client/1"
+_BUSY_STATUSES = frozenset({429, 503})
+
+
+class SandboxClient:
+    """A pooled connection to a fleet of task executors. Thread-safe; use one per process.
+
+    ``urls``, ``token``, ``timeout`` and ``config`` are resolved by
+    ``sandbox_client.config.resolve_config``; ``sleep`` is how the client waits between busy
+    retries (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str] | None = None,
+        token: str | None = None,
+        timeout: Timeout | None = None,
+        config: Any = None,
+        *,
+        task_timeout: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config: ClientConfig = resolve_config(
+            urls, token, timeout, config, task_timeout=task_timeout
+        )
+        self._sleep = sleep
+        self._jitter = random.Random()
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._http = requests.Session()
+        # Proxy variables and .netrc are for humans; executors are called by pod IP directly.
+        self._http.trust_env = False
+        # max_retries=0: urllib3 must never replay a request on its own (that is our decision).
+        adapter = HTTPAdapter(
+            pool_connections=len(self.config.urls),
+            pool_maxsize=self.config.pool_maxsize,
+            max_retries=0,
+        )
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
+        self._http.headers["User-Agent"] = USER_AGENT
+        if self.config.token:
+            self._http.headers["Authorization"] = f"Bearer {self.config.token}"
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The executors this client deals work to."""
+        return self.config.urls
+
+    def __repr__(self) -> str:
+        return f"SandboxClient(urls={list(self.urls)!r})"
+
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop pooled connections."""
+        self._http.close()
+
+    # -- public calls -------------------------------------------------------------------------
+
+    def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
+        """Grade one patch on the next executor; raises ``TaskExecutorError`` on failure."""
+        task = TaskSpec.model_validate(spec)
+        if task.timeout is None and self.config.task_timeout is not None:
+            task = task.model_copy(update={"timeout": self.config.task_timeout})
+        body = task.model_dump(mode="json", exclude_none=True)
+        read = self.config.run_read_timeout(task.timeout)
+        url, result = self._failover(lambda url: self._submit(url, task.task_id, body, read))
+        log.info("task %s: %s in %.1fs on %s", task.task_id, result.status, result.duration_s, url)
+        return result
+
+    def start_session(self, spec: SessionStartSpec | Mapping[str, Any]) -> RemoteSession:
+        """Open a shell session on the next executor; later calls all go to that executor."""
+        start = SessionStartSpec.model_validate(spec)
+        body = start.model_dump(mode="json", exclude_none=True)
+        read = self.config.run_read_timeout(None)
+        url, started = self._failover(
+            lambda url: self._call(
+                url, "POST", "/session/start", SessionStartResult, json=body, read_timeout=read
+            )
+        )
+        log.info("session %s: started on %s", started.session_id, url)
+        return RemoteSession(self, url, started, command_timeout=start.command_timeout)
+
+    def health(self, url: str) -> HealthResponse:
+        """``GET /health`` of one executor (no auth needed, no retries)."""
+        return self._exchange(url, "GET", "/health", HealthResponse, self.config.read_timeout)
+
+    def next_url(self) -> str:
+        """The executor the next task goes to (advances the shared round-robin counter)."""
+        return self.urls[self._next_turn()]
+
+    def _next_turn(self) -> int:
+        # The lock makes the shared counter's read-and-advance atomic, whatever the interpreter.
+        with self._lock:
+            return next(self._counter) % len(self.urls)
+
+    # -- retry policy -------------------------------------------------------------------------
+
+    def _failover(self, attempt: Callable[[str], T]) -> tuple[str, T]:
+        """Run ``attempt`` on the next executor, moving on only while executors are unreachable."""
+        start = self._next_turn()
+        ring = self.urls[start:] + self.urls[:start]
+        failures: list[ExecutorUnreachable] = []
+        for url in ring:
+            try:
+                return url, attempt(url)
+            except ExecutorUnreachable as exc:
+                log.warning("%s unreachable (%s); trying the next executor", url, exc.message)
+                failures.append(exc)
+        raise ExecutorUnreachable(
+            f"no executor reachable (tried {len(ring)}): " + "; ".join(str(f) for f in failures)
+        ) from failures[-1]
+
+    def _submit(self, url: str, task_id: str, body: dict[str, Any], read: float) -> TaskResult:
+        """Submit, and after a lost reply re-submit the same task_id to the same executor."""
+        lost: ReplyLost | None = None
+        for attempt in range(self.config.resubmits + 1):
+            try:
+                return self._call(
+                    url,
+                    "POST",
+                    "/task/submit",
+                    TaskResult,
+                    json=body,
+                    read_timeout=read,
+                    poll_in_progress=True,
+                )
+            except ReplyLost as exc:
+                lost = exc
+                log.warning(
+                    "task %s: reply lost from %s (%s); re-submit %d of %d with the same task_id",
+                    task_id,
+                    url,
+                    exc.message,
+                    attempt + 1,
+                    self.config.resubmits,
+                )
+            except ExecutorUnreachable:
+                if lost is None:
+                    raise
+                # The executor that accepted the task is gone, and the grading with it; saying
+                # "unreachable" would invite a failover of a task that did reach a server.
+                break
+        assert lost is not None
+        raise lost
+
+    def _call(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        model: type[M] | None,
+        *,
+        read_timeout: float,
+        poll_in_progress: bool = False,
+        **send: Any,
+    ) -> Any:
+        """One call on one executor, waiting out 429/503 (and 409 task_in_progress if asked)."""
+        waited = 0.0
+        for attempt in itertools.count():
+            try:
+                return self._exchange(url, method, path, model, read_timeout, **send)
+            except ExecutorRejected as exc:
+                busy = isinstance(exc, ExecutorBusy)
+                in_progress = poll_in_progress and exc.code == "task_in_progress"
+                if not (busy or in_progress):
+                    raise
+                # A task still grading may rightly take its whole wall clock; "busy" may not.
+                budget = self.config.busy_budget_s + (0.0 if busy else read_timeout)
+                # Polling a running task keeps to its Retry-After instead of backing off ever
+                # further: the stored verdict should be picked up soon after it exists.
+                delay = self._backoff(attempt if busy else 0, exc.retry_after)
+                if (busy and attempt >= self.config.busy_retries) or waited + delay > budget:
+                    raise
+                log.info("%s %s: %s; retrying in %.1fs", method, path, exc.code, delay)
+                self._sleep(delay)
+                waited += delay
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        exponential = min(self.config.backoff_max_s, self.config.backoff_base_s * 2**attempt)
+        floor = max(retry_after or 0.0, exponential)
+        # Jitter only upwards: Retry-After is a floor, and spreading the retries of a batch that
+        # was turned away at once keeps it from coming back at once.
+        return floor * (1.0 + 0.25 * self._jitter.random())
+
+    # -- the boundary -------------------------------------------------------------------------
+
+    @overload
+    def _exchange(
+        self, url: str, method: str, path: str, model: type[M], read_timeout: float, **send: Any
+    ) -> M: ...
+
+    @overload
+    def _exchange(
+        self, url: str, method: str, path: str, model: None, read_timeout: float, **send: Any
+    ) -> requests.Response: ...
+
+    def _exchange(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        model: type[M] | None,
+        read_timeout: float,
+        **send: Any,
+    ) -> M | requests.Response:
+        """Send one request; return the decoded answer or raise from the ``TaskExecutorError``
+        tree. The only place where foreign exceptions are translated."""
+        what = f"{method} {path}"
+        try:
+            response = self._http.request(
+                method, url + path, timeout=(self.config.connect_timeout, read_timeout), **send
+            )
+            if response.status_code >= 400:
+                raise _rejection(response, url)
+            if model is None:
+                _check_digest(response, what, url)
+                return response
+            return model.model_validate_json(response.content)
+        except TaskExecutorError:
+            raise
+        except requests.RequestException as exc:
+            raise _transport_error(exc, what, url) from exc
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise ProtocolError(
+                f"{what}: answer is not a valid {model.__name__ if model else 'body'} "
+                f"({where}: {first['msg']})",
+                url=url,
+            ) from exc
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """Every exception reachable from ``exc`` through args, ``reason``, cause and context."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        linked = [*current.args, getattr(current, "reason", None)]
+        linked += [current.__cause__, current.__context__]
+        stack.extend(item for item in linked if isinstance(item, BaseException))
+
+
+def _transport_error(exc: requests.RequestException, what: str, url: str) -> TaskExecutorError:
+    """Classify by cause: only a failed connect proves the request never reached a server."""
+    causes = list(_causes(exc))
+    root = causes[-1] if len(causes) > 1 else exc
+    # NewConnectionError (refused, unresolvable) subclasses ConnectTimeoutError in urllib3.
+    if isinstance(exc, requests.ConnectTimeout) or any(
+        isinstance(c, ConnectTimeoutError) for c in causes
+    ):
+        return ExecutorUnreachable(f"{what}: could not connect ({root})", url=url)
+    if isinstance(
+        exc,
+        (
+            requests.exceptions.InvalidURL,
+            requests.exceptions.InvalidSchema,
+            requests.exceptions.MissingSchema,
+        ),
+    ):
+        return ExecutorUnreachable(f"{what}: invalid URL ({exc})", url=url)
+    if isinstance(exc, requests.ReadTimeout) or any(
+        isinstance(c, ReadTimeoutError) for c in causes
+    ):
+        return ExecutorTimeout(f"{what}: no answer in time ({root})", url=url)
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return ProtocolError(f"{what}: undecodable body ({exc})", url=url)
+    return ConnectionLost(f"{what}: connection lost ({root})", url=url)
+
+
+def _rejection(response: requests.Response, url: str) -> ExecutorRejected:
+    """An error answer as ``ExecutorRejected``; tolerant of bodies that are not protocol JSON
+    (a proxy's HTML 502 still says something useful)."""
+    status = response.status_code
+    try:
+        detail = ErrorResponse.model_validate_json(response.content).error
+        code, message = detail.code, detail.message
+    except pydantic.ValidationError:
+        code = f"http_{status}"
+        message = response.text.strip()[:300] or (response.reason or "")
+    cls = ExecutorBusy if status in _BUSY_STATUSES else ExecutorRejected
+    retry_after = _retry_after(response.headers.get("Retry-After"))
+    return cls(message, code=code, status=status, retry_after=retry_after, url=url)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds, from delta-seconds or an HTTP date; None if absent or bad."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_digest(response: requests.Response, what: str, url: str) -> None:
+    """Raw bodies that carry ``X-File-Size`` / ``X-File-SHA256`` must match them exactly."""
+    size = response.headers.get("X-File-Size")
+    digest = response.headers.get("X-File-SHA256")
+    body = response.content
+    if size is not None and size.strip() != str(len(body)):
+        raise ProtocolError(f"{what}: got {len(body)} bytes, header says {size}", url=url)
+    if digest is not None and digest.strip().lower() != hashlib.sha256(body).hexdigest():
+        raise ProtocolError(f"{what}: body does not match its X-File-SHA256", url=url)

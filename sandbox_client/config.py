@@ -1,0 +1,141 @@
+"""Client settings: where the executors are, how long to wait, how hard to retry.
+
+``resolve_config`` is the one place that reads the environment. Executor URLs come from, in order:
+the ``urls`` argument; a trainer config's ``env.code.sandbox_urls`` (nested dicts, OmegaConf
+``DictConfig`` or any attribute-style object such as ``SimpleNamespace``); the
+``DOCKYARD_SANDBOX_URLS`` environment variable (comma-separated); ``http://127.0.0.1:9090``.
+The token comes from the argument, else ``DOCKYARD_API_TOKEN``. The trainer config's
+``env.code.task_timeout`` becomes the wall clock sent with tasks that do not set their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_URL = "http://127.0.0.1:9090"
+URLS_ENV = "DOCKYARD_SANDBOX_URLS"
+TOKEN_ENV = "DOCKYARD_API_TOKEN"
+
+Timeout = float | tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Everything a ``SandboxClient`` needs; immutable so threads can share it freely."""
+
+    urls: tuple[str, ...] = (DEFAULT_URL,)
+    token: str | None = field(default=None, repr=False)
+    #: Seconds to wait for a TCP connection; past it the executor counts as unreachable.
+    connect_timeout: float = 5.0
+    #: Read timeout of calls that run nothing long (state, files, reset, delete, health).
+    read_timeout: float = 60.0
+    #: Wall clock sent with tasks (and finishes) that set none; None leaves the executor's default.
+    task_timeout: float | None = None
+    #: What a read may wait for when neither the call nor this config names a wall clock: the
+    #: executor then applies its own default, which the client cannot see.
+    fallback_run_s: float = 1800.0
+    #: Added to a task's or command's own wall clock to get the read timeout of the call that
+    #: runs it (covers checkout, setup, patching and the reply itself).
+    timeout_margin: float = 120.0
+    #: 429/503 answers retried per call, and the seconds all those waits may add up to.
+    busy_retries: int = 8
+    busy_budget_s: float = 600.0
+    #: Exponential backoff between busy retries (the executor's Retry-After is a floor).
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 60.0
+    #: Same-task_id re-submits to the same executor after a lost reply.
+    resubmits: int = 2
+    #: Pooled connections kept per executor (more are opened under load, then dropped).
+    pool_maxsize: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("ClientConfig needs at least one executor URL")
+        object.__setattr__(self, "urls", tuple(normalize_url(u) for u in self.urls))
+
+    def run_read_timeout(self, run_s: float | None) -> float:
+        """Read timeout for a call that runs something for up to ``run_s`` seconds."""
+        budget = run_s if run_s is not None else (self.task_timeout or self.fallback_run_s)
+        return budget + self.timeout_margin
+
+
+def normalize_url(url: str) -> str:
+    """Strip blanks and trailing slashes; refuse anything that is not an http(s) base URL."""
+    cleaned = url.strip().rstrip("/")
+    parts = urlsplit(cleaned)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"executor URL must look like http://host:port, got {url!r}")
+    return cleaned
+
+
+def parse_urls(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Accept a comma-separated string or any iterable of strings (list, tuple, ListConfig)."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return tuple(normalize_url(item) for item in items if item.strip())
+
+
+def lookup(config: Any, dotted: str) -> Any:
+    """Read ``a.b.c`` from nested mappings or attribute objects; None when any step is missing."""
+    node = config
+    for key in dotted.split("."):
+        if node is None:
+            return None
+        if isinstance(node, Mapping):
+            node = node.get(key)
+        else:
+            node = getattr(node, key, None)
+    return node
+
+
+def resolve_config(
+    urls: str | Iterable[str] | None = None,
+    token: str | None = None,
+    timeout: Timeout | None = None,
+    config: Any = None,
+    *,
+    task_timeout: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ClientConfig:
+    """Build a ``ClientConfig`` from arguments, a trainer config and the environment.
+
+    ``timeout`` sets the network timeouts of short calls: a float is the read timeout, a
+    ``(connect, read)`` tuple sets both. ``config`` may already be a ``ClientConfig``; the other
+    arguments then override its fields.
+    """
+    env = os.environ if environ is None else environ
+    base = config if isinstance(config, ClientConfig) else None
+    trainer = None if base is not None else config
+    changes: dict[str, Any] = {}
+
+    if urls is not None:
+        changes["urls"] = parse_urls(urls)
+    elif base is None:
+        from_trainer = lookup(trainer, "env.code.sandbox_urls")
+        if from_trainer:
+            changes["urls"] = parse_urls(from_trainer)
+        elif env.get(URLS_ENV, "").strip():
+            changes["urls"] = parse_urls(env[URLS_ENV])
+
+    if token is not None:
+        changes["token"] = token
+    elif base is None and env.get(TOKEN_ENV):
+        changes["token"] = env[TOKEN_ENV]
+
+    if timeout is not None:
+        if isinstance(timeout, tuple):
+            changes["connect_timeout"], changes["read_timeout"] = map(float, timeout)
+        else:
+            changes["read_timeout"] = float(timeout)
+
+    if task_timeout is not None:
+        changes["task_timeout"] = float(task_timeout)
+    elif base is None:
+        from_trainer = lookup(trainer, "env.code.task_timeout")
+        if from_trainer is not None:
+            changes["task_timeout"] = float(from_trainer)
+
+    return replace(base or ClientConfig(), **changes)

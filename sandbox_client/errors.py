@@ -1,0 +1,110 @@
+"""The client's one exception tree: every way a call to an executor can fail.
+
+Nothing else escapes the client: requests, urllib3, JSON and pydantic errors are translated into
+these classes at one boundary (``SandboxClient._exchange``) and chained with ``raise ... from``,
+so the original cause stays in the traceback. The tree says what a caller may safely do next::
+
+    TaskExecutorError                 anything went wrong talking to an executor
+    ├── ExecutorUnreachable           the request provably never reached a server (connection
+    │                                 refused, connect timeout, name resolution): safe to send
+    │                                 anywhere else
+    ├── ReplyLost                     the request went out but no answer came back: it may have
+    │   │                             run; only an idempotent re-submit (same task_id, same
+    │   │                             executor) is safe
+    │   ├── ExecutorTimeout           no answer within the read timeout
+    │   └── ConnectionLost            the connection broke mid-call (executor killed, reset)
+    ├── ExecutorRejected              the executor answered with an error (code, status, message)
+    │   └── ExecutorBusy              429/503 still answered after the retry budget was spent
+    └── ProtocolError                 an answer that does not decode or does not validate
+
+Reward code should not branch on these: ``sandbox_client.reward.run_task_safe`` turns all of them
+into a ``TaskResult`` with status ``execution_error`` ("no verdict: resample"), never a 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConnectionLost",
+    "ExecutorBusy",
+    "ExecutorRejected",
+    "ExecutorTimeout",
+    "ExecutorUnreachable",
+    "ProtocolError",
+    "ReplyLost",
+    "TaskExecutorError",
+]
+
+
+class TaskExecutorError(Exception):
+    """Base class: a call to a task executor did not produce a usable answer."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        #: Base URL of the executor the call went to (None when no executor was chosen).
+        self.url = url
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.url}]" if self.url else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only fields defeat Exception's default pickling (which replays ``args``); errors
+        # must survive a trip through multiprocessing or a process-pool reward worker.
+        return (_rebuild, (type(self), dict(self.__dict__)))
+
+
+def _rebuild(cls: type[TaskExecutorError], state: dict[str, Any]) -> TaskExecutorError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message", ""))
+    error.__dict__.update(state)
+    return error
+
+
+class ExecutorUnreachable(TaskExecutorError):
+    """No connection could be made: the request never reached a server."""
+
+
+class ReplyLost(TaskExecutorError):
+    """The request was sent but no answer arrived; the executor may have acted on it."""
+
+
+class ExecutorTimeout(ReplyLost):
+    """The executor did not answer within the read timeout."""
+
+
+class ConnectionLost(ReplyLost):
+    """The connection broke after the request was (perhaps partly) sent."""
+
+
+class ExecutorRejected(TaskExecutorError):
+    """The executor answered with an error status and an ``{"error": {code, message}}`` body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int,
+        retry_after: float | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url)
+        #: Machine-readable code from the error body (``http_<status>`` when there was none).
+        self.code = code
+        #: HTTP status of the answer.
+        self.status = status
+        #: Seconds the executor asked the caller to wait (its ``Retry-After``), if it said.
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {super().__str__()}"
+
+
+class ExecutorBusy(ExecutorRejected):
+    """429 or 503: the executor did not take the request (retried until the budget is spent)."""
+
+
+class ProtocolError(TaskExecutorError):
+    """An answer arrived but is not what protocol v1 says it must be."""

@@ -1,0 +1,154 @@
+"""``RemoteSession``: a multi-turn shell session pinned to the executor that started it.
+
+Every call goes to the owning executor (a session lives in one executor's memory, so failing over
+would only find "no such session"); nothing is replayed after a lost reply, because ``exec`` and
+``finish`` are not idempotent. Sessions come from ``SandboxClient.start_session``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
+
+import pydantic
+
+from .errors import ExecutorRejected, ProtocolError, TaskExecutorError
+from .protocol import (
+    ExecRequest,
+    ExecResult,
+    FileWriteResult,
+    FinishResult,
+    FinishSpec,
+    SessionStartResult,
+    SessionState,
+)
+
+if TYPE_CHECKING:
+    from .client import SandboxClient
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class RemoteSession:
+    """A shell session pinned to the executor that started it. ``with`` closes it on exit
+    (unless it was finished, which closes it server-side)."""
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        url: str,
+        started: SessionStartResult,
+        *,
+        command_timeout: float | None = None,
+    ) -> None:
+        self.client = client
+        #: Base URL of the executor that owns this session; every call goes there.
+        self.url = url
+        self.session_id = started.session_id
+        self.workdir = started.workdir
+        self.base_commit = started.base_commit
+        self._command_timeout = command_timeout
+        self._path = f"/session/{quote(self.session_id, safe='')}"
+        self.finished = False
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"RemoteSession({self.session_id!r} on {self.url})"
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.close()
+        except TaskExecutorError as error:
+            # Never mask the body's own exception; an unclosed session is reaped when idle.
+            log.warning("session %s: close failed: %s", self.session_id, error)
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run one command in the session's shell; never replayed after a lost reply."""
+        body = ExecRequest(command=command, timeout=timeout).model_dump(exclude_none=True)
+        read = self.client.config.run_read_timeout(timeout or self._command_timeout)
+        return self._call("POST", "/exec", ExecResult, read, json=body)
+
+    def read_file(self, path: str) -> bytes:
+        """The file's bytes, exactly (checked against the executor's SHA-256 header)."""
+        response = self._call("GET", "/file", None, self._short, params={"path": path})
+        return response.content
+
+    def write_file(self, path: str, data: bytes) -> FileWriteResult:
+        """Write ``data`` to ``path`` inside the workspace, byte for byte."""
+        written = self._call(
+            "PUT",
+            "/file",
+            FileWriteResult,
+            self._short,
+            params={"path": path},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        expected = hashlib.sha256(data).hexdigest()
+        if written.sha256 != expected or written.size != len(data):
+            raise ProtocolError(
+                f"PUT {path}: executor stored {written.size} bytes sha256 {written.sha256}, "
+                f"sent {len(data)} bytes sha256 {expected}",
+                url=self.url,
+            )
+        return written
+
+    def reset(self) -> None:
+        """Back to the base state: fresh workspace, fresh shell."""
+        self._call("POST", "/reset", None, self._short + self.client.config.timeout_margin)
+
+    def state(self) -> SessionState:
+        """Liveness, cwd, age, idle time and commands run."""
+        return self._call("GET", "", SessionState, self._short)
+
+    def finish(self, spec: FinishSpec | None = None, **fields: Any) -> FinishResult:
+        """Capture the agent's diff and grade it; the executor closes the session."""
+        finish = spec if spec is not None else FinishSpec.model_validate(fields)
+        if finish.timeout is None and self.client.config.task_timeout is not None:
+            finish = finish.model_copy(update={"timeout": self.client.config.task_timeout})
+        read = self.client.config.run_read_timeout(finish.timeout)
+        body = finish.model_dump(mode="json", exclude_none=True)
+        result = self._call("POST", "/finish", FinishResult, read, json=body)
+        self.finished = True
+        log.info(
+            "session %s: finished %s in %.1fs",
+            self.session_id,
+            result.result.status,
+            result.result.duration_s,
+        )
+        return result
+
+    def close(self) -> None:
+        """Close without grading (``DELETE``). Idempotent; a no-op after ``finish``."""
+        if self.finished or self.closed:
+            return
+        try:
+            self._call("DELETE", "", None, self._short)
+        except ExecutorRejected as exc:
+            if exc.status != 404:
+                raise
+        self.closed = True
+
+    @property
+    def _short(self) -> float:
+        return self.client.config.read_timeout
+
+    def _call(
+        self, method: str, suffix: str, model: type[M] | None, read: float, **send: Any
+    ) -> Any:
+        return self.client._call(
+            self.url, method, self._path + suffix, model, read_timeout=read, **send
+        )

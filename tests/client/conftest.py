@@ -1,0 +1,198 @@
+"""Fixtures for client tests: real sockets that misbehave, a mocked fleet, a sleep recorder.
+
+Where the failure is about the network (refused, silent, hung up) the tests use real TCP sockets
+on loopback; ``responses`` passes those URLs through and mocks only the well-behaved executors.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import responses
+
+from sandbox_client import SandboxClient
+
+
+def task_result(task_id: str = "t-1", status: str = "resolved", **extra: Any) -> dict[str, Any]:
+    """A minimal valid TaskResult body."""
+    resolved = {"resolved": True, "execution_error": None}.get(status, False)
+    return {"task_id": task_id, "status": status, "resolved": resolved, **extra}
+
+
+def task_spec(task_id: str = "t-1", **extra: Any) -> dict[str, Any]:
+    """A minimal valid TaskSpec body."""
+    return {"task_id": task_id, "repo": "/srv/repo", "base_commit": "abc123", **extra}
+
+
+def body_of(call: Any) -> dict[str, Any]:
+    """The JSON body of a request recorded by ``responses``."""
+    return json.loads(call.request.body)
+
+
+class Sleeps:
+    """Stands in for ``time.sleep``: records every wait instead of waiting."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture
+def mocked() -> Iterator[responses.RequestsMock]:
+    """``responses`` with passthrough for loopback URLs the test did not mock."""
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        yield mock
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class RawServer:
+    """A loopback TCP server whose handler decides what to do with each connection."""
+
+    def __init__(self, handler: Callable[[socket.socket], None]) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self._handler = handler
+        self._stop = threading.Event()
+        self.connections = 0
+        self._open: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._open.append(conn)
+            threading.Thread(target=self._handler, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        for conn in self._open:
+            conn.close()
+
+
+def _read_request(conn: socket.socket) -> None:
+    """Read until the end of the headers (bodies in these tests are small and come along)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+
+
+@pytest.fixture
+def silent_server() -> Iterator[RawServer]:
+    """Accepts and reads requests, never answers: every read times out."""
+
+    def handler(conn: socket.socket) -> None:
+        _read_request(conn)
+
+    server = RawServer(handler)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hangup_server() -> Iterator[RawServer]:
+    """Reads each request, then closes the connection without a reply (an executor killed
+    mid-call)."""
+
+    def handler(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.close()
+
+    server = RawServer(handler)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def make_client(sleeps: Sleeps) -> Iterator[Callable[..., SandboxClient]]:
+    """Build clients with recorded sleeps and short timeouts; closes them after the test."""
+    made: list[SandboxClient] = []
+
+    def make(urls: list[str] | str, **kwargs: Any) -> SandboxClient:
+        if "config" not in kwargs:
+            kwargs.setdefault("timeout", (2.0, 5.0))
+        client = SandboxClient(urls, sleep=sleeps, **kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+# -- live executors ------------------------------------------------------------------------------
+
+FAST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def demo_instance(demo: Any, instance_id: str, **overrides: Any) -> dict[str, Any]:
+    """A SWE-bench instance record (test lists JSON-encoded, as SWE-bench stores them) for the
+    demo repository; ``patch`` is the reference fix."""
+    record = {
+        "instance_id": instance_id,
+        "repo": demo.repo,
+        "base_commit": demo.base_commit,
+        "patch": demo.gold_patch,
+        "test_patch": demo.test_patch,
+        "FAIL_TO_PASS": json.dumps(demo.fail_to_pass),
+        "PASS_TO_PASS": json.dumps(demo.pass_to_pass),
+        "env": dict(FAST_ENV),
+    }
+    record.update(overrides)
+    return record
+
+
+@pytest.fixture
+def process_executors(tmp_path: Any) -> Iterator[Callable[[int], list[Any]]]:
+    """Start real executor subprocesses (``python -m task_executor serve --port 0``), which a
+    test may SIGKILL; all are stopped after the test."""
+    from sandbox_client.fleet import start_worker, stop_workers, wait_ready
+
+    started: list[Any] = []
+
+    def start(count: int) -> list[Any]:
+        workers = [
+            start_worker(len(started) + i, "127.0.0.1", 0, tmp_path / "fleet", None, 8)
+            for i in range(count)
+        ]
+        started.extend(workers)
+        with SandboxClient("http://127.0.0.1:1", timeout=(1.0, 3.0)) as probe:
+            dead = wait_ready(workers, probe, 60.0, threading.Event())
+        assert dead is None, dead.log_tail() if dead else ""
+        return workers
+
+    yield start
+    stop_workers(started, grace=5.0)

@@ -1,0 +1,295 @@
+"""``dockyard grade`` and ``dockyard preflight`` on files in tmp_path against live executors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_client.cli import main
+from task_executor.demo import BASE_FILES, TEST_FILES, DemoTask, diff_of
+
+from .conftest import RawServer, demo_instance
+
+FLAKY_TEST = (
+    "import os\nimport pathlib\n\n\n"
+    "def test_flaky():\n"
+    "    state = pathlib.Path(os.environ['FLAKY_STATE'])\n"
+    "    runs = int(state.read_text()) if state.exists() else 0\n"
+    "    state.write_text(str(runs + 1))\n"
+    "    assert runs % 2 == 0\n"
+)
+
+
+def write_lines(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def wrong_patch(demo: DemoTask) -> str:
+    """Applies cleanly, fixes nothing."""
+    source = BASE_FILES["calc/__init__.py"].replace("return a - b", "return a * b")
+    return diff_of(Path(demo.repo), {"calc/__init__.py": source})
+
+
+@pytest.fixture
+def grade_files(tmp_path: Path, demo_task: DemoTask) -> tuple[Path, Path]:
+    ids = ["gold", "empty", "wrong", "broken", "no-prediction"]
+    instances = tmp_path / "instances.json"
+    instances.write_text(json.dumps([demo_instance(demo_task, i) for i in ids]))
+    broken = "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n"
+    predictions = write_lines(
+        tmp_path / "predictions.jsonl",
+        [
+            {"instance_id": "gold", "model_patch": demo_task.gold_patch, "model_name_or_path": "m"},
+            {"instance_id": "empty", "model_patch": "", "model_name_or_path": "m"},
+            {
+                "instance_id": "wrong",
+                "model_patch": wrong_patch(demo_task),
+                "model_name_or_path": "m",
+            },
+            {"instance_id": "broken", "model_patch": broken, "model_name_or_path": "m"},
+        ],
+    )
+    return instances, predictions
+
+
+def grade(files: tuple[Path, Path], report: Path, urls: str, *extra: str) -> int:
+    instances, predictions = files
+    return main(
+        [
+            "grade",
+            "--instances",
+            str(instances),
+            "--predictions",
+            str(predictions),
+            "--urls",
+            urls,
+            "--output",
+            str(report),
+            *extra,
+        ]
+    )
+
+
+def test_grade_writes_a_swebench_report(
+    grade_files: tuple[Path, Path],
+    executor: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report_path = tmp_path / "report.json"
+    assert grade(grade_files, report_path, executor.url) == 0
+    report = json.loads(report_path.read_text())
+    assert (report["total_instances"], report["submitted_instances"]) == (5, 4)
+    assert report["resolved_ids"] == ["gold"]
+    assert report["unresolved_ids"] == ["broken", "wrong"]
+    assert report["empty_patch_ids"] == ["empty"] and report["error_ids"] == []
+    assert (report["completed_instances"], report["error_instances"]) == (3, 0)
+    gold, wrong, broken = (report["instances"][i] for i in ("gold", "wrong", "broken"))
+    assert gold["resolved"] and gold["patch_exists"] and gold["patch_successfully_applied"]
+    assert set(gold["tests_status"]) == {"FAIL_TO_PASS", "PASS_TO_PASS"}
+    assert wrong["tests_status"]["FAIL_TO_PASS"]["failure"]
+    assert not broken["patch_successfully_applied"] and broken["status"] == "patch_apply_failed"
+    out, err = capsys.readouterr()
+    assert "resolved 1/4 (25.0%)" in out
+    assert "grading 4/4 | resolved 1 unresolved 2 empty patch 1 error 0" in err
+
+
+def test_grade_resumes_from_its_report(
+    grade_files: tuple[Path, Path], executor: Any, tmp_path: Path, closed_port_url: str
+) -> None:
+    report_path = tmp_path / "report.json"
+    assert grade(grade_files, report_path, executor.url) == 0
+    first = json.loads(report_path.read_text())
+    # Nothing left to do: a rerun against no executor at all still succeeds, unchanged.
+    assert grade(grade_files, report_path, closed_port_url) == 0
+    assert json.loads(report_path.read_text())["instances"] == first["instances"]
+    # As if killed before "wrong" was saved: only that one is sent again.
+    del first["instances"]["wrong"]
+    report_path.write_text(json.dumps(first))
+    assert grade(grade_files, report_path, closed_port_url, "--max-error-retries", "0") == 1
+    partial = json.loads(report_path.read_text())
+    assert partial["error_ids"] == ["wrong"] and partial["resolved_ids"] == ["gold"]
+    assert grade(grade_files, report_path, executor.url) == 0
+    assert json.loads(report_path.read_text())["unresolved_ids"] == ["broken", "wrong"]
+
+
+def test_grade_retries_execution_errors_on_another_executor(
+    grade_files: tuple[Path, Path], executor: Any, hangup_server: RawServer, tmp_path: Path
+) -> None:
+    """The first executor takes every request and dies on it; retries land on the survivor."""
+    report_path = tmp_path / "report.json"
+    urls = f"{hangup_server.url},{executor.url}"
+    assert grade(grade_files, report_path, urls, "--workers", "1") == 0
+    report = json.loads(report_path.read_text())
+    assert report["error_ids"] == [] and report["resolved_ids"] == ["gold"]
+    attempts = [e["attempts"] for e in report["instances"].values() if e["patch_exists"]]
+    assert 2 in attempts and hangup_server.connections > 0
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing-instances", "no such file"),
+        ("bad-json", "not valid JSON"),
+        ("orphan-prediction", "predictions have no instance: ghost"),
+        ("owner-name-repo", "--repo-root"),
+    ],
+)
+def test_grade_input_errors_exit_2(
+    case: str,
+    message: str,
+    grade_files: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    instances, predictions = grade_files
+    if case == "missing-instances":
+        instances = tmp_path / "absent.json"
+    elif case == "bad-json":
+        instances.write_text("[{")
+    elif case == "orphan-prediction":
+        write_lines(predictions, [{"instance_id": "ghost", "model_patch": "x"}])
+    else:
+        records = json.loads(instances.read_text())
+        instances.write_text(json.dumps([{**r, "repo": "owner/name"} for r in records]))
+    assert grade((instances, predictions), tmp_path / "r.json", "http://127.0.0.1:9") == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_preflight_flags_vacuous_flaky_and_errors(
+    demo_task: DemoTask, executor: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = Path(demo_task.repo)
+    flaky_patch = diff_of(repo, {**TEST_FILES, "tests/test_flaky.py": FLAKY_TEST})
+    instances = [
+        demo_instance(demo_task, "good"),
+        # The reference fix does not fix anything.
+        demo_instance(demo_task, "ref-fails", patch=wrong_patch(demo_task)),
+        # FAIL_TO_PASS passes before any fix: every patch "resolves" it.
+        demo_instance(demo_task, "empty-passes", FAIL_TO_PASS=json.dumps(demo_task.pass_to_pass)),
+        # A test that fails every other run, whatever the patch.
+        demo_instance(
+            demo_task,
+            "flaky",
+            test_patch=flaky_patch,
+            PASS_TO_PASS=json.dumps([*demo_task.pass_to_pass, "tests/test_flaky.py::test_flaky"]),
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FLAKY_STATE": str(tmp_path / "state")},
+        ),
+        # Refused by the executor: no verdict, which is not evidence against the instance.
+        demo_instance(demo_task, "no-repo", repo=str(tmp_path / "missing-repo")),
+    ]
+    path = write_lines(tmp_path / "instances.jsonl", instances)
+    allowlist, findings = tmp_path / "allow.txt", tmp_path / "preflight.json"
+    code = main(
+        [
+            "preflight",
+            "--instances",
+            str(path),
+            "--urls",
+            executor.url,
+            "--repeat",
+            "2",
+            "--workers",
+            "1",
+            "--allowlist",
+            str(allowlist),
+            "--output",
+            str(findings),
+        ]
+    )
+    assert code == 1
+    assert allowlist.read_text() == "good\n"
+    checks = {c["instance_id"]: c for c in json.loads(findings.read_text())["instances"]}
+    verdicts = {iid: c["verdict"] for iid, c in checks.items()}
+    assert verdicts == {
+        "good": "ok",
+        "ref-fails": "vacuous",
+        "empty-passes": "vacuous",
+        "flaky": "flaky",
+        "no-repo": "error",
+    }
+    assert checks["ref-fails"]["flags"] == ["reference_fails"]
+    assert checks["empty-passes"]["flags"] == ["empty_passes"]
+    assert "flaky_reference" in checks["flaky"]["flags"]
+    assert checks["flaky"]["flaky_tests"] == ["tests/test_flaky.py::test_flaky"]
+    assert "unknown_repo" in checks["no-repo"]["errors"][0]
+    out = capsys.readouterr().out
+    assert "1 ok, 2 vacuous, 1 flaky, 1 error" in out
+
+
+def test_preflight_needs_reference_patches(
+    demo_task: DemoTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_lines(tmp_path / "i.jsonl", [demo_instance(demo_task, "a", patch="")])
+    assert main(["preflight", "--instances", str(path), "--urls", "http://127.0.0.1:9"]) == 2
+    assert "no reference patch: a" in capsys.readouterr().err
+
+
+def test_grade_killed_mid_run_loses_nothing(
+    demo_task: DemoTask, executor: Any, tmp_path: Path
+) -> None:
+    slow = "sleep 0.5; python -m pytest -p no:cacheprovider tests/test_calc.py"
+    ids = [f"slow-{i}" for i in range(4)]
+    instances = write_lines(
+        tmp_path / "i.jsonl", [demo_instance(demo_task, i, test_command=slow) for i in ids]
+    )
+    predictions = write_lines(
+        tmp_path / "p.jsonl", [{"instance_id": i, "model_patch": demo_task.gold_patch} for i in ids]
+    )
+    report = tmp_path / "report.json"
+    command = [
+        sys.executable,
+        "-m",
+        "sandbox_client",
+        "grade",
+        "--instances",
+        str(instances),
+        "--predictions",
+        str(predictions),
+        "--urls",
+        executor.url,
+        "--workers",
+        "1",
+        "--output",
+        str(report),
+    ]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.DEVNULL) as run:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if report.exists() and json.loads(report.read_text())["instances"]:
+                break
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+    saved = json.loads(report.read_text())["instances"]  # whole, valid JSON after the kill
+    assert 1 <= len(saved) < 4
+    assert (
+        main(
+            [
+                "grade",
+                "--instances",
+                str(instances),
+                "--predictions",
+                str(predictions),
+                "--urls",
+                executor.url,
+                "--output",
+                str(report),
+            ]
+        )
+        == 0
+    )
+    final = json.loads(report.read_text())
+    assert final["resolved_ids"] == ids
+    assert all(final["instances"][i] == entry for i, entry in saved.items())  # not re-graded

@@ -1,0 +1,86 @@
+"""Where executor URLs, token and timeouts come from, in order of precedence."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sandbox_client import ClientConfig, SandboxClient
+from sandbox_client.config import DEFAULT_URL, resolve_config
+
+ENV = {"DOCKYARD_SANDBOX_URLS": "http://env-a:9090, http://env-b:9090/", "DOCKYARD_API_TOKEN": "t"}
+
+
+def test_default_when_nothing_is_set() -> None:
+    config = resolve_config(environ={})
+    assert config.urls == (DEFAULT_URL,) and config.token is None
+    assert config.task_timeout is None
+
+
+def test_environment_comma_separated() -> None:
+    config = resolve_config(environ=ENV)
+    assert config.urls == ("http://env-a:9090", "http://env-b:9090")
+    assert config.token == "t"
+
+
+def test_nested_dict_trainer_config_beats_environment() -> None:
+    trainer = {"env": {"code": {"sandbox_urls": ["http://d:1", "http://e:2"], "task_timeout": 90}}}
+    config = resolve_config(config=trainer, environ=ENV)
+    assert config.urls == ("http://d:1", "http://e:2")
+    assert config.task_timeout == 90.0
+    assert config.token == "t"  # the token still comes from the environment
+
+
+def test_attribute_style_trainer_config() -> None:
+    trainer = SimpleNamespace(
+        env=SimpleNamespace(code=SimpleNamespace(sandbox_urls="http://x:1,http://y:2"))
+    )
+    config = resolve_config(config=trainer, environ={})
+    assert config.urls == ("http://x:1", "http://y:2")
+    assert config.task_timeout is None
+
+
+def test_trainer_config_without_the_keys_falls_through() -> None:
+    trainer = SimpleNamespace(env=SimpleNamespace(code=None))
+    assert resolve_config(config=trainer, environ=ENV).urls[0] == "http://env-a:9090"
+    assert resolve_config(config={"env": {}}, environ={}).urls == (DEFAULT_URL,)
+
+
+def test_argument_beats_everything() -> None:
+    trainer = {"env": {"code": {"sandbox_urls": ["http://d:1"]}}}
+    config = resolve_config("http://arg:1", token="mine", config=trainer, environ=ENV)
+    assert config.urls == ("http://arg:1",) and config.token == "mine"
+
+
+def test_timeout_float_and_tuple() -> None:
+    assert resolve_config(timeout=12, environ={}).read_timeout == 12.0
+    config = resolve_config(timeout=(1, 2), environ={})
+    assert (config.connect_timeout, config.read_timeout) == (1.0, 2.0)
+
+
+def test_client_config_object_is_taken_as_is() -> None:
+    base = ClientConfig(urls=("http://a:1",), busy_retries=1)
+    config = resolve_config(config=base, token="z", environ=ENV)
+    assert config.urls == ("http://a:1",) and config.busy_retries == 1 and config.token == "z"
+
+
+@pytest.mark.parametrize("bad", ["exec-a:9090", "ftp://x", "http://", ""])
+def test_bad_urls_fail_at_construction(bad: str) -> None:
+    with pytest.raises(ValueError):
+        resolve_config([bad], environ={})
+
+
+def test_client_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKYARD_SANDBOX_URLS", "http://m:1")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    with SandboxClient() as client:
+        assert client.urls == ("http://m:1",)
+        assert client._http.trust_env is False  # proxy variables are ignored
+
+
+def test_run_read_timeout() -> None:
+    config = ClientConfig(timeout_margin=10, fallback_run_s=100)
+    assert config.run_read_timeout(5) == 15
+    assert config.run_read_timeout(None) == 110
+    assert ClientConfig(timeout_margin=10, task_timeout=50).run_read_timeout(None) == 60

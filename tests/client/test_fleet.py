@@ -1,0 +1,164 @@
+"""``dockyard fleet up`` as a real subprocess: executors start, answer, grade, and all stop on a
+signal with no process left behind; ``fleet reap`` reports a missing [k8s] extra clearly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_client import SandboxClient, run_task_safe
+from sandbox_client.cli import main
+from sandbox_client.protocol import TaskResult
+from task_executor.demo import DemoTask
+
+from .conftest import FAST_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "37.125"  # a sleep no other process on the machine runs
+
+
+def processes_running(fragment: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if fragment in cmdline and str(os.getpid()) != entry.name:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_fleet_up_serves_and_stops_cleanly(
+    stop_signal: signal.Signals, demo_task: DemoTask, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    stderr = (tmp_path / "fleet.err").open("w")
+    fleet = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_client",
+            "fleet",
+            "up",
+            "--workers",
+            "2",
+            "--base-port",
+            "0",
+            "--base-dir",
+            str(tmp_path / "fleet"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    try:
+        lines = []
+        assert fleet.stdout is not None
+        for line in fleet.stdout:
+            lines.append(line)
+            if line.startswith("DOCKYARD_SANDBOX_URLS="):
+                break
+        urls = lines[-1].strip().split("=", 1)[1].split(",")
+        pids = [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
+        assert len(urls) == 2 and len(pids) == 2
+
+        results: list[TaskResult] = []
+        with SandboxClient(urls) as client:
+            for i in range(2):
+                task = {**demo_task.request(f"f{i}", demo_task.gold_patch), "env": FAST_ENV}
+                assert client.run_task(task).status == "resolved"
+            # A grading still running when the fleet stops must not outlive it.
+            slow = {**demo_task.request("slow", ""), "test_command": f"sleep {MARKER}"}
+            runner = threading.Thread(target=lambda: results.append(run_task_safe(slow, client)))
+            runner.start()
+            deadline = time.monotonic() + 30
+            while not processes_running(f"sleep {MARKER}") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert processes_running(f"sleep {MARKER}")
+
+            fleet.send_signal(stop_signal)
+            assert fleet.wait(timeout=30) == 0
+            runner.join(timeout=30)
+        assert results and results[0].status == "execution_error"
+        assert not any(alive(pid) for pid in pids)
+        assert processes_running(f"sleep {MARKER}") == []
+        assert "stopping" in (tmp_path / "fleet.err").read_text()
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+        fleet.wait()
+        fleet.stdout.close()  # type: ignore[union-attr]
+        stderr.close()
+
+
+def run_fleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_client", "fleet", "up", "--workers", "2", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_fleet_up_reports_an_executor_that_exits(tmp_path: Path) -> None:
+    result = run_fleet("--base-port", "0", "--base-dir", str(tmp_path), "--threads", "-1")
+    assert result.returncode == 1
+    assert re.search(r"executor \d exited with status 2", result.stderr)
+    assert "threads must be at least 1" in result.stderr  # the executor's own words
+    assert "DOCKYARD_SANDBOX_URLS" not in result.stdout
+
+
+def test_fleet_up_reports_an_unusable_base_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_fleet("--base-port", "0", "--base-dir", str(blocker / "x"))
+    assert result.returncode == 1
+    assert "cannot start executor 0" in result.stderr
+
+
+def test_fleet_reap_without_kubernetes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if the [k8s] extra were absent
+    assert main(["fleet", "reap", "--job", "run-1"]) == 2
+    assert "pip install 'dockyard[k8s]'" in capsys.readouterr().err
+
+
+def test_fleet_reap_calls_the_provisioner(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sandbox_client.provisioner as provisioner
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def fake_reap(job: str, **kwargs: Any) -> Any:
+        calls.append((job, kwargs))
+        return provisioner.ReapReport(deleted=3, left=0)
+
+    monkeypatch.setattr(provisioner, "reap", fake_reap)
+    assert main(["fleet", "reap", "--job", "run-1", "--namespace", "ml"]) == 0
+    assert calls == [("run-1", {"namespace": "ml"})]
+    assert "3 pods deleted, 0 left" in capsys.readouterr().out
