@@ -297,3 +297,22 @@ def test_health_reports_mode_and_version(executor):
     assert health["status"] == "ok"
     assert health["capabilities"]["workspace_mode"] == "git-clone"
     assert health["version"]
+
+
+def test_mirror_fetches_a_commit_made_after_it_was_cloned(executor, demo_task):
+    from task_executor.demo import FIXED_FILES, commit_all, write_files
+
+    first = executor.submit(demo_task.request("before", "")).json()
+    assert first["status"] == "unresolved"
+    repo = Path(demo_task.repo)
+    write_files(repo, FIXED_FILES)
+    fixed_commit = commit_all(repo, "fix upstream")
+    later = executor.submit({**demo_task.request("after", ""), "base_commit": fixed_commit})
+    assert later.json()["status"] == "resolved"
+    mirrors = list((executor.settings.base_dir / "mirrors").glob("*.git"))
+    assert len(mirrors) == 1  # cloned once, fetched on demand
+
+
+def test_repo_as_a_git_url(executor, demo_task):
+    body = {**demo_task.request("url", demo_task.gold_patch), "repo": f"file://{demo_task.repo}"}
+    assert executor.submit(body).json()["status"] == "resolved"
