@@ -1,7 +1,19 @@
-"""The status frame: how the persistent shell tells the executor that a command ended, and how.
+"""The protocol between the executor and its persistent shell: control lines in, frames out.
 
-After each command the shell writes one line to a pipe of its own (never the command's output
-pipe, and closed for the command itself, so nothing the command prints can forge or split it)::
+**In.** The executor writes the command's text into a memfd the shell holds (after
+:data:`~task_executor.syntax.CHECK_PREFIX`), then one control line (:func:`run_line`) on the
+shell's stdin. The line makes the shell read the text, check it (:mod:`task_executor.syntax`),
+``eval`` it at top level (so ``cd``, assignments, ``export`` and function definitions persist)
+with stdin ``/dev/null`` and the protocol's fds closed, save a snapshot of its state
+(``declare -p``, ``declare -f``, ``alias -p``, ``shopt -p``) into a second memfd, and write the
+frame. :func:`bootstrap_script` defines the shell functions this needs; :func:`restore_line`
+makes a fresh shell ``source`` a saved snapshot.
+
+**Out.** After each command the shell writes one line to a pipe of its own (never the command's
+output pipe, and closed for the command itself, so nothing the command prints can forge or
+split it; only a subshell forked into the background keeps bash's saved copy of the fd, which
+is why the executor watches the shell's exit on a pidfd rather than waiting for the pipe's end
+of file)::
 
     DY1 <nonce> <kind> <status> END\\n
 
@@ -25,12 +37,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from task_executor.syntax import CHECK_FUNCTION
+
 FrameKind = Literal["ran", "refused", "ready"]
 
 FRAME_PRINTF = "DY1 %s %s %s END\\n"
 """The ``printf`` format the shell writes a frame with: nonce, kind, status."""
 
 MAX_FRAME_BYTES = 128
+_KINDS: dict[bytes, FrameKind] = {b"ran": "ran", b"refused": "refused", b"ready": "ready"}
 _FRAME_RE = re.compile(rb"DY1 ([0-9a-f]{32}) (ran|refused|ready) (0|[1-9][0-9]{0,2}) END\n")
 
 
@@ -67,11 +82,6 @@ class FrameParser:
         self._buf = bytearray()
         self._frame: Frame | None = None
 
-    @property
-    def received(self) -> int:
-        """Bytes received so far."""
-        return len(self._buf)
-
     def feed(self, chunk: bytes) -> Frame | None:
         """Add bytes; return the frame once its terminator arrived, else None."""
         if self._frame is not None:
@@ -95,7 +105,7 @@ class FrameParser:
         code = int(status)
         if code > 255:
             raise InvalidFrame(f"invalid frame: status {code} out of range")
-        self._frame = Frame(kind=kind.decode("ascii"), status=code)  # type: ignore[arg-type]
+        self._frame = Frame(kind=_KINDS[kind], status=code)
         return self._frame
 
     def finish(self) -> None:
@@ -108,3 +118,79 @@ class FrameParser:
             raise IncompleteFrame(
                 f"incomplete frame: shell exited after {len(self._buf)} bytes of the status frame"
             )
+
+
+# -- the shell's side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShellFds:
+    """The numbers the shell knows the protocol's fds by."""
+
+    status: int
+    """Write end of the status pipe."""
+    command: int
+    """Memfd holding the check prefix and the command (or a state to restore)."""
+    snapshot: int
+    """Memfd the shell saves its state into after each command."""
+
+    def assign(self) -> str:
+        return f"__dy_sfd={self.status} __dy_cfd={self.command} __dy_pfd={self.snapshot}\n"
+
+
+# Builtins are called through `builtin` so that agent functions named printf, read... cannot
+# hijack the frame; errexit cannot fire in __dy_post (`|| builtin true`). Job control (`set -m`)
+# gives every job of a command its own process group.
+_FUNCTIONS = r"""
+__dy_ret() { return "$1"; }
+__dy_pre() {
+  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd
+  __dy_cmd=${__dy_cmd#*$'\n'}
+  if ! __dy_check "/proc/self/fd/$__dy_cfd"; then
+    __dy_rc=2
+    builtin printf '@FRAME@' "$1" refused 2 >&"$__dy_sfd"
+    return 1
+  fi
+  # Under `set -x`, trace the command but not the `eval` line that runs it: tracing goes off
+  # here and back on as the command's first statement.
+  if [[ $- == *x* ]]; then builtin set +x; __dy_cmd=$'set -x\n'$__dy_cmd; fi
+}
+__dy_post() {
+  __dy_rc=$1 __dy_cmd= __dy_msg=
+  { builtin declare -p; builtin declare -f; builtin alias -p; builtin shopt -p
+  } >|"/proc/self/fd/$__dy_pfd" || builtin true
+  builtin printf '@FRAME@' "$2" ran "$1" >&"$__dy_sfd"
+}
+__dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
+""".replace("@FRAME@", FRAME_PRINTF)
+
+
+def bootstrap_script(fds: ShellFds) -> str:
+    """What a fresh shell reads first: options, the protocol's functions, the fd numbers."""
+    return (
+        "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0\n"
+        + CHECK_FUNCTION
+        + _FUNCTIONS
+        + fds.assign()
+    )
+
+
+# Backslashes keep agent aliases from rewriting the control lines; the 2>/dev/null groups keep
+# the protocol's own steps out of a `set -x` trace.
+def run_line(nonce: str, fds: ShellFds) -> str:
+    """Check and run the command in the command memfd; frame its status."""
+    closed = f"{fds.status}>&- {fds.command}>&- {fds.snapshot}>&- </dev/null"
+    return (
+        f'{{ \\__dy_pre {nonce}; }} 2>/dev/null && {{ {{ \\__dy_ret "$__dy_rc"; }} 2>/dev/null; '
+        f'\\eval "$__dy_cmd" {closed}; {{ \\__dy_post "$?" {nonce}; }} 2>/dev/null; }}\n'
+    )
+
+
+def ping_line(nonce: str) -> str:
+    """Answer with a ``ready`` frame."""
+    return f"{{ \\__dy_ping {nonce}; }} 2>/dev/null\n"
+
+
+def restore_line(fds: ShellFds) -> str:
+    """Source the state in the command memfd, then set the fd numbers (the state has old ones)."""
+    return f"{{ \\builtin source /proc/self/fd/{fds.command}; }} >/dev/null 2>&1\n" + fds.assign()

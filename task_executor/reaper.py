@@ -11,8 +11,11 @@ and SIGKILL repeated until a scan finds nothing.
 What escapes: a process that both scrubs its environment and calls ``setsid`` (or rewrites its
 environ block, as ``setproctitle`` may). Only a cgroup would catch those.
 
-Only ``/proc`` and signals are used (no psutil); Linux only. The caller's own process is never
-signalled.
+A session or group id named by a caller is only trusted while its leader is gone or carries the
+marker, so a leader pid reused by an unrelated process does not hand its session to the sweep.
+
+Only ``/proc`` and signals are used (no psutil); Linux only. The caller's own process, session
+and group are never signalled.
 """
 
 from __future__ import annotations
@@ -77,9 +80,7 @@ def read_proc(pid: int) -> ProcInfo | None:
     fields = stat[stat.rfind(b")") + 2 :].split()
     if fields[0] in (b"Z", b"X"):
         return None
-    return ProcInfo(
-        pid=pid, pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19])
-    )
+    return ProcInfo(pid=pid, pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19]))
 
 
 def has_marker(pid: int, marker: str) -> bool:
@@ -103,8 +104,8 @@ def find(target: Target) -> list[ProcInfo]:
     """Live processes that the target designates (never the calling process)."""
     me = os.getpid()
     # Never our own session or group, even if a caller names it.
-    sids = set(target.sids) - {os.getsid(0)}
-    pgids = set(target.pgids) - {os.getpgrp()}
+    sids = _still_ours(set(target.sids) - {os.getsid(0)}, target.marker)
+    pgids = _still_ours(set(target.pgids) - {os.getpgrp()}, target.marker)
     found = []
     for pid in _pids():
         if pid == me or pid in target.exclude:
@@ -121,6 +122,18 @@ def find(target: Target) -> list[ProcInfo]:
         ):
             found.append(info)
     return found
+
+
+def _still_ours(leaders: set[int], marker: str | None) -> set[int]:
+    """Drop session or group ids whose leader's pid now belongs to someone else.
+
+    A session or group outlives its leader, and once the leader is gone its pid can be reused
+    by an unrelated process that becomes the leader of a session of its own: a live leader
+    without the marker means the id is no longer the one the caller meant.
+    """
+    if marker is None:
+        return leaders
+    return {pid for pid in leaders if read_proc(pid) is None or has_marker(pid, marker)}
 
 
 def _signal_all(procs: list[ProcInfo], signum: int) -> None:

@@ -11,14 +11,8 @@ the Sandman checklist (DESIGN.md, "Command runner"):
   (:mod:`task_executor.reaper`).
 * **Continuous, capped drain**: stdout and stderr share one pipe, read while the command runs
   into a :class:`~task_executor.output.CappedOutput`; memory stays flat under any flood.
-* **Strict status frame** (:mod:`task_executor.framing`), on a pipe of its own that the command
-  cannot see.
-
-How the shell is driven: the command's text goes into a memfd the shell holds; one control line
-on the shell's stdin makes it read the text, check it, ``eval`` it at top level (so ``cd``,
-assignments, ``export`` and function definitions persist) with stdin ``/dev/null`` and the
-private fds closed, then save a snapshot of its state (``declare -p``, ``declare -f``,
-``alias -p``, ``shopt -p``) into a second memfd and write the frame.
+* **Strict status frame** on a pipe of its own that the command cannot see; the command's text
+  and the control line that runs it are described in :mod:`task_executor.framing`.
 
 When the shell cannot be trusted any more (timeout, the shell exited or was killed, a bad frame,
 a failed liveness check) it is *recovered*: the shell is killed, so is every process started
@@ -35,6 +29,14 @@ terminal (they no longer appear in ``jobs``); :meth:`ShellSession.restart` and
 
 A command's background children that outlive a normally finished command keep running (like
 ``cmd &`` in a terminal); their later output shows up in the next command's output.
+
+Known limits. The shell is non-interactive: under ``set -u`` an unset variable, and under
+``set -e`` a failing command, end the shell (reported as its exit, then recovered). bash's
+runtime messages number lines of the shell's whole input ("bash: line 57: ..."); the syntax
+check's messages use the command's own line numbers. A frame that the shell never writes while
+it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an agent function
+named ``builtin``) is seen as a timeout, and then recovered. Children that both scrub their
+environment and ``setsid`` escape the sweep (see :mod:`task_executor.reaper`).
 """
 
 from __future__ import annotations
@@ -52,9 +54,18 @@ from dataclasses import dataclass
 
 from sandbox_client.protocol import ExecResult
 from task_executor import reaper
-from task_executor.framing import FRAME_PRINTF, Frame, FrameError, FrameParser
+from task_executor.framing import (
+    Frame,
+    FrameError,
+    FrameParser,
+    ShellFds,
+    bootstrap_script,
+    ping_line,
+    restore_line,
+    run_line,
+)
 from task_executor.output import CappedOutput
-from task_executor.syntax import CHECK_FUNCTION, REFUSED_STATUS, tidy_message
+from task_executor.syntax import CHECK_PREFIX, REFUSED_STATUS, tidy_message
 
 KILL_GRACE_S = 0.5
 """Seconds between SIGTERM and SIGKILL when a command's processes are killed."""
@@ -63,45 +74,9 @@ _PIPE_SIZE = 1 << 20
 _READ_CHUNK = 1 << 18
 _LOW_FD = 100  # private fds live at/above this so they never collide with the agent's 3..9
 
-# The shell's side of the protocol. {sfd}, {cfd}, {pfd}: status pipe, command memfd, snapshot
-# memfd. Builtins are called through `builtin` so that agent functions named printf, read...
-# cannot hijack the frame; errexit cannot fire in it (`|| builtin true`).
-_BOOTSTRAP = (
-    "set -m\n"
-    "__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0\n"
-    + CHECK_FUNCTION
-    + r"""
-__dy_ret() { return "$1"; }
-__dy_pre() {
-  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd
-  if ! __dy_check "$__dy_cmd"; then
-    __dy_rc=2
-    builtin printf '@FRAME@' "$1" refused 2 >&"$__dy_sfd"
-    return 1
-  fi
-}
-__dy_post() {
-  __dy_rc=$1 __dy_cmd= __dy_msg=
-  { builtin declare -p; builtin declare -f; builtin alias -p; builtin shopt -p
-  } >|"/proc/self/fd/$__dy_pfd" || builtin true
-  builtin printf '@FRAME@' "$2" ran "$1" >&"$__dy_sfd"
-}
-__dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
-""".replace("@FRAME@", FRAME_PRINTF)
-)
-_FD_VARS = "__dy_sfd={sfd} __dy_cfd={cfd} __dy_pfd={pfd}\n"
-# Backslashes keep agent aliases from rewriting the control lines.
-_RUN_LINE = (
-    '{{ \\__dy_pre {nonce}; }} 2>/dev/null && {{ {{ \\__dy_ret "$__dy_rc"; }} 2>/dev/null; '
-    '\\eval "$__dy_cmd" {sfd}>&- {cfd}>&- {pfd}>&- </dev/null; '
-    '{{ \\__dy_post "$?" {nonce}; }} 2>/dev/null; }}\n'
-)
-_PING_LINE = "{{ \\__dy_ping {nonce}; }} 2>/dev/null\n"
-_SOURCE_LINE = "{{ \\builtin source /proc/self/fd/{cfd}; }} >/dev/null 2>&1\n"
-
 
 class _ShellGone(Exception):
-    """The shell's status pipe closed, or its stdin did, with no frame begun: it exited."""
+    """The shell exited (or closed its stdin) with no frame begun."""
 
 
 class ShellStartError(RuntimeError):
@@ -119,6 +94,7 @@ class _Shell:
     proc: subprocess.Popen[bytes]
     stdin_fd: int
     status_fd: int
+    pid_fd: int  # readable once the shell has exited
     status_w: int  # the number the shell knows its end of the status pipe by
 
     @property
@@ -217,7 +193,7 @@ class ShellSession:
             nonce = secrets.token_hex(16)
             deadline = time.monotonic() + within
             try:
-                self._send(_PING_LINE.format(nonce=nonce))
+                self._send(ping_line(nonce))
                 frame = self._await_frame(nonce, None, deadline)
             except (_ShellGone, FrameError):
                 frame = None
@@ -270,11 +246,9 @@ class ShellSession:
         since = reaper.boot_ticks()
         nonce = secrets.token_hex(16)
         os.ftruncate(self._cmd_fd, 0)
-        os.pwrite(self._cmd_fd, _encode(command), 0)
+        os.pwrite(self._cmd_fd, _encode(CHECK_PREFIX + command), 0)
         os.lseek(self._cmd_fd, 0, os.SEEK_SET)
-        line = _RUN_LINE.format(
-            nonce=nonce, sfd=shell.status_w, cfd=self._cmd_fd, pfd=self._snap_fd
-        )
+        line = run_line(nonce, self._fds(shell))
         exit_code: int | None = None
         error: str | None = None
         timed_out = False
@@ -315,7 +289,7 @@ class ShellSession:
         try:
             status = shell.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return None, "shell closed its status pipe but did not exit; restarted"
+            return None, "shell stopped answering (not reaped); restarted"
         if status < 0:
             return None, f"shell killed by signal {-status}; restarted"
         # `exit 3` typed by the agent: its status is the command's, the shell is restarted.
@@ -324,14 +298,17 @@ class ShellSession:
     def _await_frame(self, nonce: str, out: CappedOutput | None, deadline: float) -> Frame | None:
         """Drain output into ``out`` until the frame arrives (returned) or the deadline (None).
 
-        Raises FrameError for a bad frame and _ShellGone when the status pipe closes with no
-        frame begun. With ``out`` None the output is left in the pipe (a ping between commands).
+        Raises FrameError for a bad frame and _ShellGone when the shell exits with no frame
+        begun. Its exit is seen on a pidfd, not as the status pipe's end of file: a subshell
+        forked into the background keeps a copy of the pipe (bash's saved copy of the fd).
+        With ``out`` None the output is left in the pipe (a ping between commands).
         """
         shell = self._shell
         assert shell is not None
         parser = FrameParser(nonce)
         poller = select.poll()
         poller.register(shell.status_fd, select.POLLIN)
+        poller.register(shell.pid_fd, select.POLLIN)
         if out is not None:
             poller.register(self._out_r, select.POLLIN)
         while True:
@@ -342,13 +319,13 @@ class ShellSession:
                 if fd == self._out_r:
                     self._drain(out, _READ_CHUNK)
                     continue
-                chunk = os.read(shell.status_fd, 256)
-                if not chunk:
-                    parser.finish()
-                    raise _ShellGone
-                frame = parser.feed(chunk)
+                # Status bytes, or the shell's exit (then read what it wrote before dying).
+                frame = _read_status(shell.status_fd, parser)
                 if frame is not None:
                     return frame
+                if fd == shell.pid_fd:
+                    parser.finish()
+                    raise _ShellGone
 
     def _drain(self, out: CappedOutput | None, limit: int) -> None:
         """Read what the output pipe holds now, at most ``limit`` bytes (bounded even while a
@@ -376,8 +353,14 @@ class ShellSession:
 
     # -- shell lifecycle ----------------------------------------------------------------------
 
-    def _spawn(self, cwd: str, restore: bytes | None = None) -> _Shell:
-        """Start a bash, give it the protocol (and a state to restore), wait for its ping."""
+    def _spawn(
+        self, cwd: str, restore: bytes | None = None, out: CappedOutput | None = None
+    ) -> _Shell:
+        """Start a bash, give it the protocol (and a state to restore), wait for its ping.
+
+        Output meanwhile (earlier background jobs, a ``BASH_ENV`` script) goes to ``out`` or is
+        dropped: left in a full pipe, it could block the new shell before it answers.
+        """
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         child_w = _high_fd(status_w)
         try:
@@ -398,19 +381,21 @@ class ShellSession:
             os.close(child_w)
         assert proc.stdin is not None
         self._sids.add(proc.pid)
-        shell = _Shell(proc, proc.stdin.fileno(), status_fd=status_r, status_w=child_w)
+        os.set_blocking(status_r, False)
+        shell = _Shell(proc, proc.stdin.fileno(), status_r, os.pidfd_open(proc.pid), child_w)
         self._shell = shell
-        fds = {"sfd": child_w, "cfd": self._cmd_fd, "pfd": self._snap_fd}
-        script = _BOOTSTRAP + _FD_VARS.format(**fds)
+        fds = self._fds(shell)
+        script = bootstrap_script(fds)
         try:
             self._send(script)
             if restore is not None:
                 os.ftruncate(self._cmd_fd, 0)
                 os.pwrite(self._cmd_fd, restore, 0)
-                self._send(_SOURCE_LINE.format(**fds) + _FD_VARS.format(**fds))
+                self._send(restore_line(fds))
             nonce = secrets.token_hex(16)
-            self._send(_PING_LINE.format(nonce=nonce))
-            frame = self._await_frame(nonce, None, time.monotonic() + START_TIMEOUT_S)
+            self._send(ping_line(nonce))
+            sink = out if out is not None else CappedOutput(0, 0)
+            frame = self._await_frame(nonce, sink, time.monotonic() + START_TIMEOUT_S)
             if frame is None or frame.kind != "ready":
                 raise ShellStartError(f"bash did not answer its first ping ({frame})")
         except (_ShellGone, FrameError, ShellStartError) as exc:
@@ -441,7 +426,7 @@ class ShellSession:
         start_in = cwd if cwd is not None and os.path.isdir(cwd) else self._initial_cwd
         if not os.path.isdir(start_in):
             start_in = "/"
-        self._shell = self._spawn(start_in, restore=snapshot + b"\n" + go + b"\n")
+        self._shell = self._spawn(start_in, snapshot + b"\n" + go + b"\n", out)
 
     def _kill_everything(self) -> None:
         if self._shell is not None:
@@ -476,6 +461,9 @@ class ShellSession:
             return None
         return path.removesuffix(" (deleted)")
 
+    def _fds(self, shell: _Shell) -> ShellFds:
+        return ShellFds(status=shell.status_w, command=self._cmd_fd, snapshot=self._snap_fd)
+
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed("the shell session is closed")
@@ -504,6 +492,26 @@ def _kill_now(shell: _Shell) -> None:
     except OSError:  # BrokenPipe while flushing: nothing was buffered that matters
         pass
     os.close(shell.status_fd)
+    os.close(shell.pid_fd)
+
+
+def _read_status(fd: int, parser: FrameParser) -> Frame | None:
+    """Feed the parser what the status pipe holds now; the frame once complete, else None.
+
+    Bytes right behind a complete frame make it invalid (nothing else writes there).
+    """
+    frame = None
+    while True:
+        try:
+            chunk = os.read(fd, 256)
+        except BlockingIOError:
+            return frame
+        if not chunk:  # every writer gone: the shell died, perhaps right after its frame
+            if frame is not None:
+                return frame
+            parser.finish()
+            raise _ShellGone
+        frame = parser.feed(chunk)
 
 
 def _high_fd(fd: int) -> int:
