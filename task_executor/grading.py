@@ -28,6 +28,7 @@ from .workspace import Workspace, WorkspaceFactory
 log = logging.getLogger(__name__)
 
 REPORTER_DIR = Path(__file__).resolve().parent / "reporter"
+OWNER_VARIABLE = "DOCKYARD_EXECUTOR"
 
 
 @dataclass
@@ -86,6 +87,9 @@ def sandbox_env(settings: Settings, home: Path, extra: Mapping[str, str]) -> dic
     The executor's token and settings live in its environment; none of it is passed on.
     """
     env = {
+        # Every process this executor starts carries its base directory, so a restarted or
+        # shutting-down executor can find and kill everything it (or its predecessor) left.
+        OWNER_VARIABLE: str(settings.base_dir),
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "HOME": str(home),
         "TMPDIR": str(home / "tmp"),
