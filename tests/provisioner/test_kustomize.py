@@ -1,0 +1,165 @@
+"""``k8s/`` builds, every object loads into the client's models and has the fleet's properties.
+
+The build is done twice where possible: by a small function applying the few kustomize fields the
+base uses (always available), and by ``kubectl kustomize`` when kubectl is installed; both must
+give the same objects. The generated files must equal what ``manifests.py`` renders today, and
+the Deployment's pod template must equal the pod the provisioner creates.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes")
+import yaml
+
+from sandbox_client.provisioner.cli import main as cli_main
+from sandbox_client.provisioner.manifests import (
+    APP_LABEL,
+    ROLE_LABEL,
+    PodSettings,
+    app_labels,
+    pod_manifest,
+)
+
+K8S = Path(__file__).resolve().parents[2] / "k8s"
+KNOWN_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources"}
+
+
+def mini_kustomize(directory: Path) -> list[dict[str, Any]]:
+    """Apply the kustomize fields this base uses; refuse any other so this cannot silently lie."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(kustomization) - KNOWN_FIELDS
+    assert not unknown, f"extend mini_kustomize for {unknown}"
+    namespace = kustomization.get("namespace")
+    objects: list[dict[str, Any]] = []
+    for resource in kustomization["resources"]:
+        objects += [d for d in yaml.safe_load_all((directory / resource).read_text()) if d]
+    for obj in objects:
+        meta = obj.setdefault("metadata", {})
+        if namespace:
+            meta["namespace"] = namespace
+            for subject in obj.get("subjects", []):
+                if subject.get("kind") == "ServiceAccount":
+                    subject["namespace"] = namespace
+        for entry in kustomization.get("labels", []):
+            assert not entry.get("includeSelectors") and not entry.get("includeTemplates")
+            meta.setdefault("labels", {}).update(entry["pairs"])
+    return objects
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[tuple[str, str], dict[str, Any]]:
+    return by_kind(mini_kustomize(K8S))
+
+
+def test_kubectl_kustomize_builds_the_same_objects(
+        built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed; the mini build above still checks the base")
+    out = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert by_kind([d for d in yaml.safe_load_all(out) if d]) == built
+
+
+MODELS = {"Deployment": "V1Deployment", "NetworkPolicy": "V1NetworkPolicy",
+          "ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
+          "Pod": "V1Pod"}
+
+
+def roundtrip(obj: dict[str, Any]) -> dict[str, Any]:
+    """Load into the client's model class and dump again: unknown or mistyped fields are lost."""
+    from kubernetes.client import ApiClient
+
+    client = ApiClient()
+    try:
+        model = client._ApiClient__deserialize(obj, MODELS[obj["kind"]])  # type: ignore[attr-defined]
+        return client.sanitize_for_serialization(model)  # type: ignore[no-any-return]
+    finally:
+        client.close()
+
+
+def test_every_object_loads_into_the_client_models(
+        built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    assert {kind for kind, _ in built} == {"Deployment", "NetworkPolicy", "ServiceAccount",
+                                            "Role", "RoleBinding"}
+    for obj in built.values():
+        assert roundtrip(obj) == obj
+
+
+def test_no_per_agent_service(built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    assert not [key for key in built if key[0] == "Service"]
+
+
+def test_pod_template_properties(built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    spec = built[("Deployment", "dockyard-executor")]["spec"]["template"]["spec"]
+    assert spec["enableServiceLinks"] is False
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["nodeSelector"] == {"dockyard.io/pool": "cpu"}
+    assert not any("instance-type" in key for key in spec["nodeSelector"])
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == app_labels()
+    (container,) = spec["containers"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    for kind in ("requests", "limits"):
+        assert set(container["resources"][kind]) == {"cpu", "memory"}
+    token = next(e for e in container["env"] if e["name"] == "API_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "dockyard-executor-token"
+
+
+def test_network_policy_denies_egress_and_admits_only_trainers(
+        built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    policy = built[("NetworkPolicy", "dockyard-executor")]["spec"]
+    template = built[("Deployment", "dockyard-executor")]["spec"]["template"]
+    assert policy["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert policy["egress"] == []
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {ROLE_LABEL: "trainer"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+
+
+def test_rbac_grants_pods_in_one_namespace_only(
+        built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    role = built[("Role", "dockyard-provisioner")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["create", "get", "list", "watch", "delete"]}]
+    binding = built[("RoleBinding", "dockyard-provisioner")]
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dockyard-provisioner",
+                                    "namespace": role["metadata"]["namespace"]}]
+    assert ("ServiceAccount", "dockyard-provisioner") in built
+
+
+def test_checked_in_yaml_is_what_manifests_py_renders() -> None:
+    assert cli_main(["manifests", "--check", str(K8S)]) == 0
+
+
+def test_manifests_check_flags_a_stale_file(tmp_path: Path) -> None:
+    assert cli_main(["manifests", "--write", str(tmp_path)]) == 0
+    assert cli_main(["manifests", "--check", str(tmp_path)]) == 0
+    (tmp_path / "deployment.yaml").write_text("# edited by hand\n")
+    assert cli_main(["manifests", "--check", str(tmp_path)]) == 1
+
+
+def test_provisioned_pod_matches_the_template(
+        built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    template = built[("Deployment", "dockyard-executor")]["spec"]["template"]
+    pod = pod_manifest(PodSettings(), "dockyard-job-abc", "job", "inst", "nonce")
+    assert pod["spec"] == template["spec"]
+    assert template["metadata"]["labels"].items() <= pod["metadata"]["labels"].items()
+    assert pod["metadata"]["labels"][APP_LABEL] == "dockyard-executor"
+    assert roundtrip(pod) == pod
