@@ -96,6 +96,11 @@ class GradingSpec(_Request):
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Wall clock for the task in seconds."
     )
+    deny_network: bool | None = Field(
+        default=None,
+        description="Run the tests without network (loopback only); null: the executor's "
+        "default. A request for denial that the executor cannot honour is refused (400).",
+    )
 
 
 class TaskSpec(GradingSpec):
@@ -179,6 +184,12 @@ class HealthCapabilities(_Response):
     overlay: bool = Field(description="Copy-on-write overlay workspaces available.")
     namespaces: bool = Field(description="Private mount/network namespaces available.")
     egress_guard: bool = Field(description="Outbound network can be denied to code under test.")
+    fixed_path: str | None = Field(
+        default=None, description="Where code under test sees its tree (null: its own path)."
+    )
+    deny_network_default: bool = Field(
+        default=False, description="Whether tasks that do not say run without network."
+    )
 
 
 class HealthResponse(_Response):
@@ -214,6 +225,9 @@ class SessionStartSpec(_Request):
     command_timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Default timeout of each exec, in seconds."
     )
+    deny_network: bool | None = Field(
+        default=None, description="Run the shell without network; as in TaskSpec."
+    )
 
 
 class SessionStartResult(_Response):
@@ -246,6 +260,30 @@ class ExecResult(_Response):
     duration_s: float = Field(default=0.0, description="Wall time of the command.")
     error: str | None = Field(
         default=None, description="Set when the shell failed (e.g. invalid frame) and restarted."
+    )
+
+
+class SnapshotRequest(_Request):
+    """``POST /session/<id>/snapshot``."""
+
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Name; default snap-N."
+    )
+
+
+class SnapshotInfo(_Response):
+    """A named, read-only capture of a session's workspace."""
+
+    session_id: str
+    name: str
+    size_bytes: int = Field(description="Bytes the capture holds (the changes, in overlay mode).")
+
+
+class ForkRequest(_Request):
+    """``POST /session/<id>/fork``: a new session from this one's current state."""
+
+    snapshot: str | None = Field(
+        default=None, description="Start from this named snapshot instead of the current tree."
     )
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from . import isolation, lifecycle, metrics, requestlog
 from .capacity import Slots
 from .config import Settings
 from .errors import ExecutorError, Unauthorized
-from .grading import Grader
+from .grading import Grader, sandbox_env
 from .mirrors import MirrorCache
 from .sessions import SessionManager
 from .task_registry import TaskRegistry
+from .templates import TemplateCache
 from .workspace import WorkspaceFactory
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,33 @@ class Services:
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         mirrors = MirrorCache(settings.base_dir / "mirrors")
-        workspaces = WorkspaceFactory(settings.base_dir / "work", mirrors)
+        capabilities = isolation.detect(settings.base_dir)
+        if settings.workspace_mode == "git-clone":
+            capabilities = isolation.Capabilities(
+                overlay=False, mount_namespace=False,
+                network_namespace=False, reflink=False,
+            )
+        sandbox = isolation.Sandbox(
+            capabilities,
+            fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),
+            hide=str(settings.base_dir),
+        )
+        workspaces = WorkspaceFactory(
+            settings.base_dir / "work",
+            mirrors,
+            templates=None,
+            sandbox=sandbox,
+            env_builder=partial(sandbox_env, settings),
+            setup_timeout=settings.task_timeout,
+        )
+        if sandbox.fixed_path is not None:
+            # Templates pay off only where every workspace can see them at the fixed path.
+            workspaces.templates = TemplateCache(
+                settings.base_dir / "templates",
+                mirrors,
+                run_setup=workspaces.template_setup,
+                budget_bytes=settings.template_budget_bytes,
+            )
         grader = Grader(settings, workspaces)
         return cls(
             settings=settings,
@@ -55,7 +84,8 @@ class Services:
 def error_response(
     code: str, message: str, status: int, headers: dict[str, str] | None = None
 ) -> Response:
-    response = jsonify({"error": {"code": code, "message": message}})
+    request_id = requestlog.current_request_id()
+    response = jsonify({"error": {"code": code, "message": message, "request_id": request_id}})
     response.status_code = status
     for name, value in (headers or {}).items():
         response.headers[name] = value
@@ -67,7 +97,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions["dockyard"] = Services.build(settings)
+    app.extensions["dockyard"] = services = Services.build(settings)
+    requestlog.install(app)  # first, so requests refused by the hooks below carry an id too
 
     @app.before_request
     def require_token() -> None:
@@ -77,6 +108,13 @@ def create_app(settings: Settings | None = None) -> Flask:
         expected = f"Bearer {settings.token}"
         if not hmac.compare_digest(supplied.encode(), expected.encode()):
             raise Unauthorized("missing or wrong bearer token")
+
+    drain = lifecycle.install(app)
+    metrics.install(
+        app,
+        services,
+        lambda: {"draining": float(drain.draining), "requests_in_flight": drain.in_flight},
+    )
 
     @app.errorhandler(ExecutorError)
     def render_executor_error(exc: ExecutorError) -> Response:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .config import Settings, settings_from_env
+from .requestlog import RequestIdFilter
 
 log = logging.getLogger("task_executor")
 
@@ -36,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def configure_logging(settings: Settings) -> None:
     settings.base_dir.mkdir(parents=True, exist_ok=True)
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(threadName)s %(message)s")
+    formatter = logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(threadName)s [%(request_id)s] %(message)s"
+    )
+    request_ids = RequestIdFilter()
     file_handler = logging.handlers.RotatingFileHandler(
         settings.base_dir / "task_executor.log", maxBytes=50 * 1024 * 1024, backupCount=3
     )
@@ -45,14 +49,18 @@ def configure_logging(settings: Settings) -> None:
     root.setLevel(logging.INFO)
     for handler in (file_handler, stream_handler):
         handler.setFormatter(formatter)
+        handler.addFilter(request_ids)
         root.addHandler(handler)
 
 
 def serve(settings: Settings) -> None:
     from waitress import create_server
 
+    from . import lifecycle
     from .app import create_app
 
+    # Before the app exists: what a killed predecessor left must be gone before work starts.
+    base_dir_lock = lifecycle.take_over_base_dir(settings)
     app = create_app(settings)
     server = create_server(
         app,
@@ -75,7 +83,8 @@ def serve(settings: Settings) -> None:
         settings.threads,
         settings.max_tasks,
     )
-    server.run()
+    lifecycle.serve_until_stopped(server, app)
+    base_dir_lock.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,5 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"task-executor: invalid configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings)
-    serve(settings)
+    from .lifecycle import BaseDirInUse
+
+    try:
+        serve(settings)
+    except BaseDirInUse as exc:
+        print(f"task-executor: {exc}", file=sys.stderr)
+        return 2
     return 0

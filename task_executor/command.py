@@ -14,7 +14,7 @@ import select
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .output import CappedOutput
@@ -36,10 +36,14 @@ def run_command(
     cwd: str,
     env: Mapping[str, str],
     timeout: float,
+    launcher: Sequence[str] = (),
     head: int = 16 * 1024,
     tail: int = 48 * 1024,
 ) -> CommandOutcome:
-    """Run ``script`` with bash; kill it and all its descendants at ``timeout`` seconds."""
+    """Run ``script`` with bash; kill it and all its descendants at ``timeout`` seconds.
+
+    ``launcher`` prefixes bash's argv: the sandbox (namespaces, fixed path, limits) it runs in.
+    """
     marker = new_marker()
     full_env = dict(env)
     full_env[MARKER_VAR] = marker
@@ -48,7 +52,7 @@ def run_command(
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            ["bash", "-c", script],
+            [*launcher, "bash", "-c", script],
             cwd=cwd,
             env=full_env,
             stdin=subprocess.DEVNULL,

@@ -31,6 +31,13 @@ class Settings:
     session_idle_timeout: float = 1800.0
     command_timeout: float = 300.0
     output_cap_bytes: int = 64 * 1024
+    # Seconds a SIGTERM'd executor lets running work finish before it kills it.
+    shutdown_grace: float = 30.0
+    # Workspaces and isolation.
+    fixed_path: str | None = "/testbed"
+    deny_network: bool | None = None
+    template_budget_bytes: int = 20 * 1024**3
+    workspace_mode: str = "auto"
 
     @property
     def max_tasks(self) -> int:
@@ -53,11 +60,27 @@ class Settings:
         for name in ("task_timeout", "command_timeout", "session_idle_timeout", "result_ttl"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        if self.workspace_mode not in ("auto", "git-clone"):
+            problems.append("workspace_mode must be auto or git-clone")
+        if self.fixed_path is not None and not self.fixed_path.startswith("/"):
+            problems.append("fixed_path must be absolute")
         if self.max_sessions < 0:
             problems.append("max_sessions must not be negative")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _tristate(raw: str) -> bool | None:
+    """"1"/"true" deny, "0"/"false" allow, "auto" deny exactly when the guard is available."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "deny"):
+        return True
+    if value in ("0", "false", "no", "allow"):
+        return False
+    if value == "auto":
+        return None
+    raise ValueError(raw)
 
 
 _ENV = {
@@ -72,6 +95,11 @@ _ENV = {
     "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),
     "DOCKYARD_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
     "DOCKYARD_COMMAND_TIMEOUT": ("command_timeout", float),
+    "DOCKYARD_SHUTDOWN_GRACE": ("shutdown_grace", float),
+    "DOCKYARD_FIXED_PATH": ("fixed_path", str),
+    "DOCKYARD_DENY_NETWORK": ("deny_network", _tristate),
+    "DOCKYARD_TEMPLATE_BUDGET_BYTES": ("template_budget_bytes", int),
+    "DOCKYARD_WORKSPACE_MODE": ("workspace_mode", str),
 }
 
 

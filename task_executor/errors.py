@@ -7,10 +7,11 @@
     ├── Conflict                  409 conflict
     ├── PayloadTooLarge           413 payload_too_large
     ├── OverCapacity              429 over_capacity (carries Retry-After)
+    │   └── ShuttingDown          503 shutting_down: draining before exit, no new work taken
     └── RepoError                 400 unknown_repo / unknown_commit
 
-Routes raise them; one handler on the app renders ``{"error": {"code", "message"}}``, so no
-traceback ever crosses the wire.
+Routes raise them; one handler on the app renders
+``{"error": {"code", "message", "request_id"}}``, so no traceback ever crosses the wire.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class OverCapacity(ExecutorError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
+
+
+class ShuttingDown(OverCapacity):
+    """The executor is draining before it exits: work already running finishes, none starts."""
+
+    code = "shutting_down"
+    http_status = 503
 
 
 class RepoError(ExecutorError):

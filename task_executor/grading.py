@@ -23,7 +23,7 @@ from .diffs import split_patch
 from .errors import InvalidRequest, RepoError
 from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
 from .results import ReportedTests, exit_status_conflict, read_report
-from .workspace import Workspace, WorkspaceFactory
+from .workspace import SetupFailed, Workspace, WorkspaceFactory
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ class GradingJob:
     spec: GradingSpec
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    deny_network: bool | None = None
+    """None: the executor's default (deny whenever the egress guard is available)."""
 
     @classmethod
     def from_task(cls, spec: TaskSpec) -> GradingJob:
@@ -53,6 +55,7 @@ class GradingJob:
             spec=spec,
             setup=list(spec.setup),
             env=dict(spec.env),
+            deny_network=spec.deny_network,
         )
 
 
@@ -81,7 +84,7 @@ def log_parser_for(spec: GradingSpec, command: str) -> str:
     return "django" if "runtests.py" in command else "pytest"
 
 
-def sandbox_env(settings: Settings, home: Path, extra: Mapping[str, str]) -> dict[str, str]:
+def sandbox_env(settings: Settings, tmp: str, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of code under test: built from scratch, never the executor's own.
 
     The executor's token and settings live in its environment; none of it is passed on.
@@ -91,8 +94,8 @@ def sandbox_env(settings: Settings, home: Path, extra: Mapping[str, str]) -> dic
         # shutting-down executor can find and kill everything it (or its predecessor) left.
         OWNER_VARIABLE: str(settings.base_dir),
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(home),
-        "TMPDIR": str(home / "tmp"),
+        "HOME": f"{tmp}/home",
+        "TMPDIR": tmp,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -100,7 +103,6 @@ def sandbox_env(settings: Settings, home: Path, extra: Mapping[str, str]) -> dic
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "GIT_TERMINAL_PROMPT": "0",
     }
-    (home / "tmp").mkdir(parents=True, exist_ok=True)
     env.update(extra)
     return env
 
@@ -112,12 +114,32 @@ class Grader:
         self.settings = settings
         self.workspaces = workspaces
 
+    def default_denies_network(self) -> bool:
+        if self.settings.deny_network is None:
+            return self.workspaces.sandbox.can_deny_network
+        return self.settings.deny_network
+
+    def resolve_deny_network(self, requested: bool | None) -> bool:
+        """Whether code under test runs without network; fails closed (4xx) when it cannot."""
+        available = self.workspaces.sandbox.can_deny_network
+        wanted = requested if requested is not None else self.settings.deny_network
+        if wanted is None:
+            wanted = available
+        if wanted and not available:
+            raise InvalidRequest(
+                "egress denial was requested but this executor cannot provide it "
+                "(no network namespaces); see /health",
+                code="egress_guard_unavailable",
+            )
+        return wanted
+
     def grade(self, job: GradingJob) -> TaskResult:
         """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
             )
+        deny_network = self.resolve_deny_network(job.deny_network)
         started = time.monotonic()
         timeout = job.spec.timeout or self.settings.task_timeout
         result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
@@ -126,15 +148,18 @@ class Grader:
         log_parts: list[str] = []
         try:
             mark = time.monotonic()
-            workspace = self.workspaces.create(job.repo, job.base_commit)
+            workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
             phases.checkout = time.monotonic() - mark
-            self._run(job, workspace, started + timeout, result, phases, log_parts)
+            self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]
             result.resolved = None if verdict.status == "execution_error" else False
             result.error, result.error_code = str(verdict), verdict.code
         except RepoError:
             raise
+        except SetupFailed as exc:
+            result.status, result.resolved = "execution_error", None
+            result.error, result.error_code = str(exc), "setup_failed"
         except Exception as exc:
             log.exception("grading %s failed", job.task_id)
             result.status, result.resolved = "execution_error", None
@@ -162,24 +187,11 @@ class Grader:
         result: TaskResult,
         phases: PhaseTimings,
         log_parts: list[str],
+        deny_network: bool,
     ) -> None:
         tree = workspace.path
-        home = workspace.root / "home"
-        report_file = workspace.root / f"report-{uuid.uuid4().hex}.jsonl"
-        env = sandbox_env(self.settings, home, job.env)
-
-        mark = time.monotonic()
-        for command in job.setup:
-            outcome = self._command(command, tree, env, deadline, log_parts, "setup")
-            if outcome.timed_out:
-                raise _Verdict("execution_error", "setup_timeout", f"setup timed out: {command}")
-            if outcome.exit_code != 0:
-                raise _Verdict(
-                    "execution_error",
-                    "setup_failed",
-                    f"setup command exited {outcome.exit_code}: {command}",
-                )
-        phases.setup = time.monotonic() - mark
+        report_name = f"report-{uuid.uuid4().hex}.jsonl"
+        env = workspace.sandbox_env(job.env)
 
         mark = time.monotonic()
         try:
@@ -198,7 +210,7 @@ class Grader:
         command = job.spec.test_command or default_test_command(job.spec)
         parser = log_parser_for(job.spec, command)
         test_env = dict(env)
-        test_env["DOCKYARD_REPORT_FILE"] = str(report_file)
+        test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
         test_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPORTER_DIR), env.get("PYTHONPATH", "")) if p
         )
@@ -208,25 +220,34 @@ class Grader:
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
         mark = time.monotonic()
-        outcome = self._command(command, tree, test_env, deadline, log_parts, "tests")
+        outcome = self._command(
+            command, workspace, test_env, deadline, log_parts, "tests", deny_network
+        )
         phases.tests = time.monotonic() - mark
-        run = read_report(report_file)
+        run = read_report(workspace.tmp / report_name)
         self._judge(job, run, outcome, result)
 
     def _command(
         self,
         command: str,
-        cwd: Path,
+        workspace: Workspace,
         env: dict[str, str],
         deadline: float,
         log_parts: list[str],
         phase: str,
+        deny_network: bool,
     ) -> CommandOutcome:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             status = "timeout" if phase == "tests" else "execution_error"
             raise _Verdict(status, f"{phase}_timeout", f"no time left for {phase}")
-        outcome = run_command(command, cwd=str(cwd), env=env, timeout=remaining)
+        outcome = run_command(
+            command,
+            cwd=str(workspace.path),
+            env=env,
+            timeout=remaining,
+            launcher=workspace.launcher(deny_network),
+        )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
             log_parts.append(f"\n[{phase} killed after {outcome.duration_s:.1f}s wall clock]\n")

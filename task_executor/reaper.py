@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,22 @@ class Target:
     started_at_or_after: int | None = None
     """Clock ticks since boot (see :func:`boot_ticks`); None means any age."""
     exclude: Collection[int] = ()
+    environment: Collection[str] = ()
+    """``NAME=value`` entries: a process whose initial environment holds any of them matches
+    (how a restarted executor finds what its predecessor left, by its owner variable)."""
+
+
+@dataclass(frozen=True)
+class KillTotals:
+    """What :func:`kill` has killed in this process so far (exported as metrics)."""
+
+    processes: int
+    groups: int
+    """Distinct process groups among those processes."""
+
+
+_totals_lock = threading.Lock()
+_totals = KillTotals(processes=0, groups=0)
 
 
 def new_marker() -> str:
@@ -85,13 +102,22 @@ def read_proc(pid: int) -> ProcInfo | None:
 
 def has_marker(pid: int, marker: str) -> bool:
     """Whether the process's initial environment holds ``MARKER_VAR=marker``."""
+    return has_environ_entry(pid, (f"{MARKER_VAR}={marker}",))
+
+
+def has_environ_entry(pid: int, entries: Collection[str]) -> bool:
+    """Whether the process's initial environment holds any of the ``NAME=value`` entries."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
+            environ = b"\0" + f.read()
     except OSError:
         return False
-    entry = f"{MARKER_VAR}={marker}".encode()
-    return environ.startswith(entry + b"\0") or b"\0" + entry + b"\0" in environ
+    return any(b"\0" + entry.encode() + b"\0" in environ for entry in entries)
+
+
+def killed_totals() -> KillTotals:
+    """Processes (and their groups) that :func:`kill` found and killed in this process."""
+    return _totals
 
 
 def _pids() -> Iterator[int]:
@@ -119,6 +145,7 @@ def find(target: Target) -> list[ProcInfo]:
             info.sid in sids
             or info.pgid in pgids
             or (target.marker is not None and has_marker(pid, target.marker))
+            or (target.environment and has_environ_entry(pid, target.environment))
         ):
             found.append(info)
     return found
@@ -156,9 +183,11 @@ def kill(target: Target, grace: float = DEFAULT_GRACE_S) -> int:
     act on SIGTERM. Fork loops are outrun by rescanning until a scan comes back empty.
     """
     seen: set[int] = set()
+    groups: set[int] = set()
     procs = find(target)
     if grace > 0 and procs:
         seen.update(p.pid for p in procs)
+        groups.update(p.pgid for p in procs)
         _signal_all(procs, signal.SIGTERM)
         _signal_all(procs, signal.SIGCONT)
         deadline = time.monotonic() + grace
@@ -168,6 +197,7 @@ def kill(target: Target, grace: float = DEFAULT_GRACE_S) -> int:
     deadline = time.monotonic() + _KILL_ROUNDS_S
     while procs:
         seen.update(p.pid for p in procs)
+        groups.update(p.pgid for p in procs)
         # Freeze first so nothing forks between the scan and the kill.
         _signal_all(procs, signal.SIGSTOP)
         _signal_all(procs, signal.SIGKILL)
@@ -175,6 +205,10 @@ def kill(target: Target, grace: float = DEFAULT_GRACE_S) -> int:
             break
         time.sleep(_POLL_S / 10)
         procs = find(target)
+    if seen:
+        global _totals
+        with _totals_lock:
+            _totals = KillTotals(_totals.processes + len(seen), _totals.groups + len(groups))
     return len(seen)
 
 

@@ -50,6 +50,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sandbox_client.protocol import ExecResult
@@ -118,9 +119,14 @@ class ShellSession:
         env: dict[str, str],
         default_timeout: float = 300.0,
         output_cap: int = 64 * 1024,
+        launcher: Sequence[str] = (),
+        restore: tuple[bytes, str] | None = None,
     ) -> None:
+        """``launcher`` prefixes bash's argv (namespaces, limits); ``restore`` is a
+        (:meth:`saved_state`, cwd) pair from another session to start from (a fork)."""
         self.commands_run = 0
         self._initial_cwd = cwd
+        self._launcher = list(launcher)
         self._default_timeout = default_timeout
         self._head = output_cap // 2
         self._tail = output_cap - self._head
@@ -142,7 +148,13 @@ class ShellSession:
         self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
         self._snap_fd = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
         try:
-            self._shell = self._spawn(cwd)
+            if restore is None:
+                self._shell = self._spawn(cwd)
+            else:
+                state, start_dir = restore
+                os.pwrite(self._snap_fd, state, 0)
+                go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
+                self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
         except BaseException:
             self._close_fds()
             raise
@@ -207,6 +219,12 @@ class ShellSession:
     def cwd(self) -> str | None:
         """The shell's current directory, or None if there is no live shell."""
         return self._shell_cwd()
+
+    def saved_state(self) -> bytes:
+        """The shell state as of the last completed command (variables, exports, functions,
+        aliases, shopt), in the form ``restore`` takes."""
+        with self._lock:
+            return _read_all(self._snap_fd)
 
     def restart(self, cwd: str | None = None) -> None:
         """Kill every process of the session and start a fresh shell; all state is lost."""
@@ -365,7 +383,7 @@ class ShellSession:
         child_w = _high_fd(status_w)
         try:
             proc = subprocess.Popen(
-                ["bash", "--noprofile", "--norc"],
+                [*self._launcher, "bash", "--noprofile", "--norc"],
                 stdin=subprocess.PIPE,
                 stdout=self._out_w,
                 stderr=self._out_w,

@@ -10,6 +10,7 @@ through the same ``Grader`` as ``/task/submit``. Nothing here knows about HTTP.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -25,16 +26,17 @@ from sandbox_client.protocol import (
     SessionStartResult,
     SessionStartSpec,
     SessionState,
+    SnapshotInfo,
 )
 
 from .capture import capture_patch
-from .command import run_command
 from .config import Settings
-from .errors import Conflict, InvalidRequest, NotFound, OverCapacity
+from .errors import Conflict, NotFound, OverCapacity
 from .files import FileBytes, read_file, write_file
-from .grading import Grader, GradingJob, sandbox_env
+from .fsutil import remove_tree
+from .grading import Grader, GradingJob
 from .runner import ShellSession
-from .workspace import Workspace, WorkspaceFactory
+from .workspace import Snapshot, Workspace, WorkspaceFactory
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class Session:
     shell: ShellSession
     started: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
+    deny_network: bool = False
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -89,42 +93,44 @@ class SessionManager:
         with self._guard:
             self._sessions[session.session_id] = session
         log.info("session %s started (task %s)", session.session_id, spec.task_id)
-        return SessionStartResult(
-            session_id=session.session_id,
-            workdir=str(session.workspace.path),
-            base_commit=session.workspace.base_commit,
-        )
+        return self._started(session)
 
-    def _open(self, spec: SessionStartSpec) -> Session:
-        workspace = self.workspaces.create(spec.repo, spec.base_commit)
+    def _open(
+        self,
+        spec: SessionStartSpec,
+        snapshot: Snapshot | None = None,
+        restore: tuple[bytes, str] | None = None,
+    ) -> Session:
+        deny_network = self.grader.resolve_deny_network(spec.deny_network)
+        workspace = self.workspaces.create(
+            spec.repo, spec.base_commit, spec.setup, spec.env, snapshot=snapshot
+        )
         try:
-            env = self._env(workspace, spec)
-            self._run_setup(spec, workspace, env)
-            shell = ShellSession(
-                cwd=str(workspace.path),
-                env=env,
-                default_timeout=spec.command_timeout or self.settings.command_timeout,
-                output_cap=self.settings.output_cap_bytes,
-            )
+            shell = self._shell(spec, workspace, deny_network, restore)
         except BaseException:
             workspace.destroy()
             raise
-        return Session(uuid.uuid4().hex, spec, workspace, shell)
+        return Session(uuid.uuid4().hex, spec, workspace, shell, deny_network=deny_network)
 
-    def _env(self, workspace: Workspace, spec: SessionStartSpec) -> dict[str, str]:
-        return sandbox_env(self.settings, workspace.root / "home", spec.env)
-
-    def _run_setup(self, spec: SessionStartSpec, workspace: Workspace, env: dict[str, str]) -> None:
-        for command in spec.setup:
-            outcome = run_command(
-                command, cwd=str(workspace.path), env=env, timeout=self.settings.task_timeout
-            )
-            if outcome.timed_out or outcome.exit_code != 0:
-                why = "timed out" if outcome.timed_out else f"exited {outcome.exit_code}"
-                raise InvalidRequest(
-                    f"setup command {why}: {command}\n{outcome.output[-2000:]}",
-                    code="setup_failed",
-                )
+    def _shell(
+        self,
+        spec: SessionStartSpec,
+        workspace: Workspace,
+        deny_network: bool,
+        restore: tuple[bytes, str] | None = None,
+    ) -> ShellSession:
+        """The session's shell; ``restore`` is (saved state, cwd relative to the tree)."""
+        if restore is not None:
+            state, relative_cwd = restore
+            restore = (state, os.path.normpath(os.path.join(workspace.visible_path, relative_cwd)))
+        return ShellSession(
+            cwd=str(workspace.path),
+            env=workspace.sandbox_env(spec.env),
+            default_timeout=spec.command_timeout or self.settings.command_timeout,
+            output_cap=self.settings.output_cap_bytes,
+            launcher=workspace.launcher(deny_network),
+            restore=restore,
+        )
 
     def close(self, session_id: str) -> None:
         session = self._pop(session_id)
@@ -184,11 +190,19 @@ class SessionManager:
 
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:
-            return read_file(session.workspace.path, path)
+            return read_file(session.workspace.path, self._tree_path(session, path))
 
     def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
         with self._using(session_id) as session:
-            return write_file(session.workspace.path, path, data)
+            return write_file(session.workspace.path, self._tree_path(session, path), data)
+
+    @staticmethod
+    def _tree_path(session: Session, path: str) -> str:
+        """Absolute paths are the agent's view (the fixed path); map them onto the tree."""
+        visible = session.workspace.visible_path.rstrip("/")
+        if path == visible or path.startswith(visible + "/"):
+            return str(session.workspace.path) + path[len(visible):]
+        return path
 
     def state(self, session_id: str) -> SessionState:
         with self._using(session_id, touch=False) as session:
@@ -203,23 +217,73 @@ class SessionManager:
             )
 
     def reset(self, session_id: str) -> SessionStartResult:
-        """Back to the base state: a fresh workspace (setup rerun) and a fresh shell."""
+        """Back to the base state: the base tree (setup kept) and a fresh shell."""
         with self._using(session_id) as session:
             session.shell.close()
-            session.workspace.destroy()
             try:
-                fresh = self._open(session.spec)
+                session.workspace.reset()
+                session.shell = self._shell(session.spec, session.workspace, session.deny_network)
             except BaseException:
-                session.closed = True
                 with self._guard:
                     self._sessions.pop(session_id, None)
+                self._dispose(session)
                 raise
-            session.workspace, session.shell = fresh.workspace, fresh.shell
-            return SessionStartResult(
-                session_id=session_id,
-                workdir=str(session.workspace.path),
-                base_commit=session.workspace.base_commit,
-            )
+            return self._started(session)
+
+    def snapshot(self, session_id: str, name: str | None) -> SnapshotInfo:
+        """A named read-only capture of the workspace (its changes, in overlay mode)."""
+        with self._using(session_id) as session:
+            name = name or f"snap-{len(session.snapshots) + 1}"
+            if name in session.snapshots:
+                raise Conflict(f"snapshot {name!r} exists", code="snapshot_exists")
+            target = session.workspace.root / "snapshots" / name
+            snap = session.workspace.snapshot(target)
+            session.snapshots[name] = snap
+            return SnapshotInfo(session_id=session_id, name=name, size_bytes=snap.size_bytes)
+
+    def fork(self, session_id: str, snapshot_name: str | None) -> SessionStartResult:
+        """A new session from the source's current tree (or a named snapshot of it), cwd and
+        exported environment; the source is not touched."""
+        with self._guard:
+            if len(self._sessions) + self._starting >= self.settings.max_sessions:
+                raise OverCapacity(
+                    f"{self.settings.max_sessions} sessions are live", retry_after=5
+                )
+            self._starting += 1
+        try:
+            with self._using(session_id) as source:
+                if snapshot_name is not None:
+                    if snapshot_name not in source.snapshots:
+                        raise NotFound(f"no snapshot {snapshot_name!r}", code="snapshot_not_found")
+                    snap = source.snapshots[snapshot_name]
+                    transient = None
+                else:
+                    transient = source.workspace.root / "forks" / uuid.uuid4().hex
+                    snap = source.workspace.snapshot(transient)
+                state = source.shell.saved_state()
+                root = source.workspace.visible_path
+                cwd = source.shell.cwd() or root
+                relative = os.path.relpath(cwd, root) if cwd.startswith(root) else "."
+                try:
+                    forked = self._open(source.spec, snapshot=snap, restore=(state, relative))
+                finally:
+                    if transient is not None:
+                        remove_tree(transient)
+        finally:
+            with self._guard:
+                self._starting -= 1
+        with self._guard:
+            self._sessions[forked.session_id] = forked
+        log.info("session %s forked from %s", forked.session_id, session_id)
+        return self._started(forked)
+
+    @staticmethod
+    def _started(session: Session) -> SessionStartResult:
+        return SessionStartResult(
+            session_id=session.session_id,
+            workdir=session.workspace.visible_path,
+            base_commit=session.workspace.base_commit,
+        )
 
     def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:
         """Capture the diff, close the session, grade the diff in a fresh tree."""

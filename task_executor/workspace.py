@@ -1,77 +1,320 @@
-"""Working trees: a private checkout of a repository at a commit, for one task or session.
+"""Workspaces: a private, writable tree of a repository at a commit, for one task or session.
 
-This is the one small interface the rest of the executor uses (``create``, ``Workspace.destroy``);
-how the tree is made is this module's business. Today it is a ``git clone --shared`` of the local
-mirror (objects borrowed through alternates, nothing shared that a task can write to).
+Three modes, chosen once at start from what the kernel allows (``isolation.detect``):
+
+``overlay``   an overlayfs upper directory over a prepared template, seen by code under test at the
+              fixed path in a private mount namespace. Create, reset and destroy cost a mount, an
+              unmount and the removal of what the task changed -- not the repository's size.
+``copy``      (mount namespaces but no overlay) a full copy of the template (reflinked where the
+              filesystem can), still at the fixed path.
+``git-clone`` (no namespaces, as in a default Kubernetes pod) a ``git clone --shared`` and checkout
+              per workspace at its own path; setup runs in each workspace, because absolute paths
+              baked into a shared template would point at the template instead of the task's tree.
+
+All three give the same verdicts; only speed and isolation differ, and ``/health`` says which.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import logging
+import threading
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .command import run_command
+from .errors import ExecutorError
+from .fsutil import copy_tree, mount_overlay, remove_tree, unmount
 from .gitcmd import git
+from .isolation import Capabilities, Sandbox
 from .mirrors import MirrorCache
+from .templates import Template, TemplateCache
 
-WORKSPACE_MODE = "git-clone"
+log = logging.getLogger(__name__)
+
+EnvBuilder = Callable[[str, dict[str, str]], dict[str, str]]
+"""(temporary directory as code under test sees it, task env) -> its full environment."""
+
+
+class SetupFailed(ExecutorError):
+    """A setup command failed: the task's environment could not be prepared (not the patch)."""
+
+    code = "setup_failed"
+    http_status = 400
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A read-only capture of a workspace: its changes (``layer``) or its whole tree."""
+
+    path: Path
+    is_layer: bool
+    size_bytes: int
 
 
 @dataclass
 class Workspace:
-    """A checked-out tree at ``base_commit``; ``destroy`` removes every byte of it."""
+    """A tree at ``base_commit``; everything it owns lives under ``root``."""
 
     path: Path
+    """The tree as the executor sees it (files API, patching, diff capture)."""
     root: Path
     base_commit: str
     mirror: Path
+    visible_path: str
+    """Where code under test sees the tree (the fixed path in namespace modes)."""
+    setup_done: bool
+    repo: str
+    setup: list[str]
+    env: dict[str, str]
+    factory: WorkspaceFactory
+    template: Template | None = None
+    layers: list[Path] = field(default_factory=list)
+    destroyed: bool = False
+
+    @property
+    def tmp(self) -> Path:
+        """Private temporary directory (seen as /tmp by code under test in namespace modes)."""
+        return self.root / "tmp"
+
+    @property
+    def visible_tmp(self) -> str:
+        return self.factory.sandbox.visible_tmp(self.tmp)
+
+    def sandbox_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The environment of code under test in this workspace."""
+        return self.factory.env_builder(self.visible_tmp, extra)
+
+    def launcher(self, deny_network: bool) -> list[str]:
+        return self.factory.sandbox.launcher(self.path, self.tmp, deny_network)
 
     def destroy(self) -> None:
-        remove_tree(self.root)
+        self.factory.destroy(self)
 
+    def reset(self) -> None:
+        self.factory.reset(self)
 
-def remove_tree(path: Path) -> None:
-    """Remove a directory even when the code under test made parts of it read-only."""
-
-    def make_writable_and_retry(function, failed_path, _exc_info):  # type: ignore[no-untyped-def]
-        try:
-            os.chmod(os.path.dirname(failed_path), 0o700)
-            os.chmod(failed_path, 0o700)
-        except OSError:
-            pass
-        try:
-            function(failed_path)
-        except OSError:
-            pass
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=make_writable_and_retry)
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
+    def snapshot(self, target: Path) -> Snapshot:
+        return self.factory.snapshot(self, target)
 
 
 class WorkspaceFactory:
-    """Makes workspaces under ``root`` from the mirrors in ``mirrors``."""
+    """Makes workspaces under ``root`` in the best mode the capabilities allow."""
 
-    mode = WORKSPACE_MODE
-
-    def __init__(self, root: Path, mirrors: MirrorCache) -> None:
+    def __init__(
+        self,
+        root: Path,
+        mirrors: MirrorCache,
+        templates: TemplateCache | None,
+        sandbox: Sandbox,
+        env_builder: EnvBuilder,
+        setup_timeout: float,
+    ) -> None:
         self.root = root
         self.mirrors = mirrors
+        self.templates = templates
+        self.sandbox = sandbox
+        self.env_builder = env_builder
+        self.setup_timeout = setup_timeout
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
 
-    def create(self, repo: str, base_commit: str, name: str = "repo") -> Workspace:
-        """A fresh tree of ``repo`` at ``base_commit`` (RepoError when either is unknown)."""
-        mirror, sha = self.mirrors.resolve(repo, base_commit)
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.sandbox.capabilities
+
+    @property
+    def mode(self) -> str:
+        caps = self.capabilities
+        if caps.mount_namespace and self.sandbox.fixed_path and self.templates is not None:
+            return "overlay" if caps.overlay else "copy"
+        return "git-clone"
+
+    # ------------------------------------------------------------------ create / destroy
+
+    def create(
+        self,
+        repo: str,
+        base_commit: str,
+        setup: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> Workspace:
+        """A fresh tree (RepoError for an unknown repo or commit, SetupFailed for bad setup).
+
+        With ``snapshot``, the tree starts as the snapshot's state instead of the base (a fork).
+        """
+        setup, env = list(setup or []), dict(env or {})
         holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
-        holder.mkdir()
-        path = holder / name
+        (holder / "tmp" / "home").mkdir(parents=True)
+        template = None
         try:
-            git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
-            git(["checkout", "--quiet", "--detach", sha], cwd=path)
+            if self.mode == "git-clone":
+                workspace = self._create_clone(holder, repo, base_commit, setup, env, snapshot)
+            else:
+                assert self.templates is not None
+                template = self.templates.acquire(repo, base_commit, setup, env)
+                workspace = self._from_template(holder, template, repo, setup, env, snapshot)
         except BaseException:
             remove_tree(holder)
+            if template is not None and self.templates is not None:
+                self.templates.release(template)
             raise
-        return Workspace(path=path, root=holder, base_commit=sha, mirror=mirror)
+        return workspace
+
+    def _from_template(
+        self,
+        holder: Path,
+        template: Template,
+        repo: str,
+        setup: list[str],
+        env: dict[str, str],
+        snapshot: Snapshot | None,
+    ) -> Workspace:
+        workspace = Workspace(
+            path=holder / "merged", root=holder, base_commit=template.commit,
+            mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(holder / "merged"),
+            setup_done=True, repo=repo, setup=setup, env=env, factory=self, template=template,
+        )
+        if self.mode == "overlay":
+            if snapshot is not None:
+                layer = holder / "base-layer"
+                copy_tree(snapshot.path, layer, self.capabilities.reflink)
+                workspace.layers = [layer]
+            self._mount(workspace)
+        else:
+            source = snapshot.path if snapshot is not None else template.tree
+            copy_tree(source, workspace.path, self.capabilities.reflink)
+        return workspace
+
+    def _mount(self, workspace: Workspace) -> None:
+        assert workspace.template is not None
+        for part in ("upper", "work", "merged"):
+            (workspace.root / part).mkdir(exist_ok=True)
+        mount_overlay(
+            [*workspace.layers, workspace.template.tree],
+            workspace.root / "upper",
+            workspace.root / "work",
+            workspace.path,
+        )
+
+    def _create_clone(
+        self,
+        holder: Path,
+        repo: str,
+        base_commit: str,
+        setup: list[str],
+        env: dict[str, str],
+        snapshot: Snapshot | None,
+    ) -> Workspace:
+        mirror, sha = self.mirrors.resolve(repo, base_commit)
+        path = holder / "repo"
+        if snapshot is not None:
+            copy_tree(snapshot.path, path, self.capabilities.reflink)
+        else:
+            git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
+            git(["checkout", "--quiet", "--detach", sha], cwd=path)
+        workspace = Workspace(
+            path=path, root=holder, base_commit=sha, mirror=mirror, visible_path=str(path),
+            setup_done=snapshot is not None, repo=repo, setup=setup, env=env, factory=self,
+        )
+        if not workspace.setup_done:
+            self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
+                           launcher=workspace.launcher(False))
+            workspace.setup_done = True
+        return workspace
+
+    def destroy(self, workspace: Workspace) -> None:
+        with self._lock:
+            if workspace.destroyed:
+                return
+            workspace.destroyed = True
+        if self.mode == "overlay":
+            unmount(workspace.path)
+        remove_tree(workspace.root)
+        if workspace.template is not None and self.templates is not None:
+            self.templates.release(workspace.template)
+
+    # ------------------------------------------------------------------ reset / snapshot
+
+    def reset(self, workspace: Workspace) -> None:
+        """Back to the base state; in overlay mode this costs what the task changed."""
+        if self.mode == "overlay":
+            unmount(workspace.path)
+            for part in ("upper", "work", "merged"):
+                remove_tree(workspace.root / part)
+            for layer in workspace.layers:
+                remove_tree(layer)
+            workspace.layers = []
+            self._mount(workspace)
+            return
+        remove_tree(workspace.path)
+        if self.mode == "copy":
+            assert workspace.template is not None
+            copy_tree(workspace.template.tree, workspace.path, self.capabilities.reflink)
+        else:
+            git(["clone", "--quiet", "--shared", "--no-checkout", str(workspace.mirror),
+                 str(workspace.path)])
+            git(["checkout", "--quiet", "--detach", workspace.base_commit], cwd=workspace.path)
+            self.run_setup(workspace.path, workspace.setup, workspace.sandbox_env(workspace.env),
+                           launcher=workspace.launcher(False))
+
+    def snapshot(self, workspace: Workspace, target: Path) -> Snapshot:
+        """Capture the workspace read-only at ``target``: its changes only, where overlay allows."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if self.mode == "overlay":
+            # The fork's lower layers are the source's earlier layers plus its upper directory,
+            # merged into one: copy the earlier layer, then the upper on top of it.
+            if workspace.layers:
+                copy_tree(workspace.layers[0], target, self.capabilities.reflink)
+                _overlay_copy(workspace.root / "upper", target)
+            else:
+                copy_tree(workspace.root / "upper", target, self.capabilities.reflink)
+            return Snapshot(path=target, is_layer=True, size_bytes=_size(target))
+        copy_tree(workspace.path, target, self.capabilities.reflink)
+        return Snapshot(path=target, is_layer=False, size_bytes=_size(target))
+
+    # ------------------------------------------------------------------ setup
+
+    def run_setup(
+        self, tree: Path, setup: list[str], full_env: dict[str, str], launcher: list[str]
+    ) -> None:
+        """Run setup commands (network allowed: they install dependencies)."""
+        for command in setup:
+            outcome = run_command(
+                command, cwd=str(tree), env=full_env, timeout=self.setup_timeout,
+                launcher=launcher,
+            )
+            if outcome.timed_out or outcome.exit_code != 0:
+                why = "timed out" if outcome.timed_out else f"exited {outcome.exit_code}"
+                raise SetupFailed(f"setup command {why}: {command}\n{outcome.output[-2000:]}")
+
+    def template_setup(self, tree: Path, setup: list[str], env: dict[str, str]) -> None:
+        """Setup of a template, run with the template at the fixed path (see templates.py)."""
+        tmp = tree.parent / "tmp"
+        (tmp / "home").mkdir(parents=True, exist_ok=True)
+        launcher = self.sandbox.launcher(tree, tmp, deny_network=False)
+        full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
+        self.run_setup(tree, setup, full_env, launcher=launcher)
+
+
+def _overlay_copy(upper: Path, target: Path) -> None:
+    """Apply an overlay upper directory onto a copy of the layer below it (whiteouts included)."""
+    import subprocess
+
+    # cp -a of the upper's contents over the target: new and changed files replace old ones;
+    # whiteout device files replace what they hide, which is what a lower layer needs.
+    subprocess.run(["cp", "-a", "--remove-destination", f"{upper}/.", str(target)], check=True,
+                   stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file() and not item.is_symlink():
+                total += item.stat().st_size
+        except OSError:
+            continue
+    return total

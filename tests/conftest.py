@@ -32,6 +32,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory both the test and sandboxed code can see (sandboxes get a private /tmp)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="dockyard-shared-", dir="/var/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def demo_task(tmp_path: Path) -> DemoTask:
     """The demo repository: a bug in calc.add, its gold fix, and held-out tests."""
     return make_demo_task(tmp_path / "demo-repo")

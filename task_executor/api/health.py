@@ -29,15 +29,18 @@ def _trivial_command_seconds() -> float | None:
 def health() -> dict:
     services = current_app.extensions["dockyard"]
     seconds = _trivial_command_seconds()
+    caps = services.workspaces.capabilities
     answer = HealthResponse(
         status="ok" if seconds is not None else "degraded",
         version=__version__,
         check_s=round(seconds if seconds is not None else 2.0, 4),
         capabilities=HealthCapabilities(
             workspace_mode=services.workspaces.mode,
-            overlay=False,
-            namespaces=False,
-            egress_guard=False,
+            overlay=services.workspaces.mode == "overlay",
+            namespaces=caps.mount_namespace,
+            egress_guard=caps.network_namespace,
+            fixed_path=services.workspaces.sandbox.fixed_path,
+            deny_network_default=services.grader.default_denies_network(),
         ),
         load={
             "tasks_running": services.task_slots.in_use,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, request
 
-from sandbox_client.protocol import ExecRequest, FinishSpec, SessionClosed, SessionStartSpec
+from sandbox_client.protocol import (
+    ExecRequest,
+    FinishSpec,
+    ForkRequest,
+    SessionClosed,
+    SessionStartSpec,
+    SnapshotRequest,
+)
 
 from ..errors import InvalidRequest
 from .bodies import parse_body
@@ -54,6 +61,18 @@ def write_file(session_id: str) -> dict:
 @blueprint.post("/<session_id>/reset")
 def reset(session_id: str) -> dict:
     return _services().sessions.reset(session_id).model_dump(mode="json")
+
+
+@blueprint.post("/<session_id>/snapshot")
+def snapshot(session_id: str) -> dict:
+    body = parse_body(SnapshotRequest) if request.get_data() else SnapshotRequest()
+    return _services().sessions.snapshot(session_id, body.name).model_dump(mode="json")
+
+
+@blueprint.post("/<session_id>/fork")
+def fork(session_id: str) -> dict:
+    body = parse_body(ForkRequest) if request.get_data() else ForkRequest()
+    return _services().sessions.fork(session_id, body.snapshot).model_dump(mode="json")
 
 
 @blueprint.get("/<session_id>")

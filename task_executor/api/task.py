@@ -7,6 +7,7 @@ from flask import Blueprint, current_app
 from sandbox_client.protocol import TaskSpec
 
 from ..grading import GradingJob
+from ..metrics import observe_grading
 from ..task_registry import request_key
 from .bodies import parse_body
 
@@ -25,6 +26,7 @@ def submit() -> dict:
     try:
         with services.task_slots.hold():
             result = services.grader.grade(GradingJob.from_task(spec))
+        observe_grading(result)
     finally:
         services.registry.end(key, result)
     return result.model_dump(mode="json")

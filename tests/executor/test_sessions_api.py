@@ -154,11 +154,11 @@ def test_reset_restores_the_base_tree_and_a_fresh_shell(executor, demo_task):
     assert _exec(executor, sid, "pgrep -f 'sleep 987.654' || echo none")["output"] == "none\n"
 
 
-def test_delete_kills_every_process_and_removes_the_tree(executor, demo_task, tmp_path):
+def test_delete_kills_every_process_and_removes_the_tree(executor, demo_task, shared_dir):
     sid = _start(executor, demo_task)
-    _exec(executor, sid, f"(trap '' TERM; echo $BASHPID > {tmp_path}/a.pid; sleep 1000) & "
-                         f"setsid bash -c 'echo $$ > {tmp_path}/b.pid; sleep 1000' & sleep 0.3")
-    pids = [int((tmp_path / name).read_text()) for name in ("a.pid", "b.pid")]
+    _exec(executor, sid, f"(trap '' TERM; echo $BASHPID > {shared_dir}/a.pid; sleep 1000) & "
+                         f"setsid bash -c 'echo $$ > {shared_dir}/b.pid; sleep 1000' & sleep 0.3")
+    pids = [int((shared_dir / name).read_text()) for name in ("a.pid", "b.pid")]
     assert all(_alive(pid) for pid in pids)
     assert executor.delete(f"/session/{sid}").status_code == 200
     assert not [pid for pid in pids if _alive(pid)]

@@ -39,9 +39,8 @@ def _task_with_test(tmp_path: Path, test_body: str, name: str = "t") -> dict:
     }
 
 
-def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path):
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
+def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path, shared_dir):
+    pid_dir = shared_dir
     body = _task_with_test(
         tmp_path,
         (
@@ -66,9 +65,8 @@ def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path):
     assert executor.work_dirs() == []
 
 
-def test_background_children_are_gone_after_the_task(executor, tmp_path):
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
+def test_background_children_are_gone_after_the_task(executor, tmp_path, shared_dir):
+    pid_dir = shared_dir
     body = _task_with_test(
         tmp_path,
         (
@@ -295,7 +293,12 @@ def test_openapi_document_describes_the_protocol(executor):
 def test_health_reports_mode_and_version(executor):
     health = executor.get("/health").json()
     assert health["status"] == "ok"
-    assert health["capabilities"]["workspace_mode"] == "git-clone"
+    from task_executor.isolation import detect
+
+    caps = detect(executor.settings.base_dir)
+    expected = ("overlay" if caps.overlay else "copy") if caps.mount_namespace else "git-clone"
+    assert health["capabilities"]["workspace_mode"] == expected
+    assert health["capabilities"]["egress_guard"] == caps.network_namespace
     assert health["version"]
 
 

@@ -1,0 +1,65 @@
+"""Filesystem chores shared by workspaces and templates: remove, copy, mount, unmount."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class MountFailed(Exception):
+    """mount(8) refused; the message carries its error."""
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory even when the code under test made parts of it read-only."""
+
+    def make_writable_and_retry(function, failed_path, _exc_info):  # type: ignore[no-untyped-def]
+        try:
+            os.chmod(os.path.dirname(failed_path), 0o700)
+            os.chmod(failed_path, 0o700)
+        except OSError:
+            pass
+        try:
+            function(failed_path)
+        except OSError:
+            pass
+
+    if path.is_symlink():
+        path.unlink()
+        return
+    if path.exists():
+        shutil.rmtree(path, onerror=make_writable_and_retry)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def copy_tree(source: Path, target: Path, reflink: bool) -> None:
+    """A full copy keeping modes, owners, links, device files (overlay whiteouts) and xattrs."""
+    mode = "--reflink=always" if reflink else "--reflink=auto"
+    subprocess.run(["cp", "-a", mode, "--", str(source), str(target)], check=True,
+                   stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def mount_overlay(lower: list[Path], upper: Path, work: Path, merged: Path) -> None:
+    options = (
+        f"lowerdir={':'.join(str(p) for p in lower)},upperdir={upper},workdir={work}"
+    )
+    proc = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(merged)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise MountFailed(proc.stderr.strip() or f"mount exited {proc.returncode}")
+
+
+def unmount(path: Path) -> None:
+    """Unmount ``path``; lazily when something still holds it, so removal can go on."""
+    for argv in (["umount", str(path)], ["umount", "-l", str(path)]):
+        if subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True).returncode == 0:
+            return
+
+
+def is_mount_point(path: Path) -> bool:
+    return os.path.ismount(path)

@@ -1,0 +1,175 @@
+"""What the kernel lets us do, detected once at start, and the launcher that uses it.
+
+Fast mode needs three things: overlay mounts in the base directory (copy-on-write workspaces),
+private mount namespaces (each task sees its own tree at the same fixed path) and network
+namespaces (a loopback-only network for code under test). A default Kubernetes pod allows none of
+them; then the executor falls back (plain copies, no fixed path, no egress guard) and says so in
+``/health``. Nothing here guesses: each capability is tried for real.
+
+The launcher is an argv prefix: ``unshare`` makes the namespaces, a tiny ``sh`` script binds the
+workspace at the fixed path and a private /tmp, brings loopback up, applies resource limits,
+optionally drops to an unprivileged uid, then ``exec``s the real command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Kernel features available to this executor (see the module docstring)."""
+
+    overlay: bool
+    mount_namespace: bool
+    network_namespace: bool
+    reflink: bool
+
+    @property
+    def fixed_path(self) -> bool:
+        return self.mount_namespace
+
+
+def _quiet(argv: list[str], timeout: float = 10) -> bool:
+    try:
+        return subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
+        ).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _can_overlay(scratch: Path) -> bool:
+    layers = {name: scratch / name for name in ("lower", "upper", "work", "merged")}
+    for path in layers.values():
+        path.mkdir()
+    (layers["lower"] / "probe").write_text("lower")
+    options = f"lowerdir={layers['lower']},upperdir={layers['upper']},workdir={layers['work']}"
+    if not _quiet(["mount", "-t", "overlay", "overlay", "-o", options, str(layers["merged"])]):
+        return False
+    try:
+        (layers["merged"] / "probe").write_text("upper")
+        return (layers["lower"] / "probe").read_text() == "lower"
+    finally:
+        _quiet(["umount", str(layers["merged"])])
+
+
+def _can_reflink(scratch: Path) -> bool:
+    source = scratch / "reflink-source"
+    source.write_bytes(b"x" * 4096)
+    return _quiet(["cp", "--reflink=always", str(source), str(scratch / "reflink-copy")])
+
+
+def detect(base_dir: Path) -> Capabilities:
+    """Try each feature for real inside ``base_dir`` (where workspaces will live)."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".probe-", dir=base_dir) as scratch:
+        overlay = shutil.which("mount") is not None and _can_overlay(Path(scratch))
+        reflink = _can_reflink(Path(scratch))
+    mount_ns = shutil.which("unshare") is not None and _quiet(
+        ["unshare", "--mount", "--propagation", "private", "true"]
+    )
+    net_ns = (
+        mount_ns
+        and shutil.which("ip") is not None
+        and _quiet(["unshare", "--net", "sh", "-c", "ip link set lo up"])
+    )
+    found = Capabilities(
+        overlay=overlay, mount_namespace=mount_ns, network_namespace=net_ns, reflink=reflink
+    )
+    log.info("isolation capabilities: %s", found)
+    return found
+
+
+# The script run between unshare and the command. Arguments: tree, fixed path, private tmp, a
+# directory to hide (the executor's base directory: other tasks' trees, mirrors, templates, logs),
+# the bring-loopback-up flag, then the command. Mount failures abort: a task must never run in the
+# host's view of the fixed path or with the host's /tmp.
+_INSIDE = r"""
+set -e
+tree=$1 fixed=$2 tmp=$3 hide=$4 loopback=$5
+shift 5
+if [ -n "$fixed" ]; then mount --bind "$tree" "$fixed"; cd "$fixed"; else cd "$tree"; fi
+if [ -n "$tmp" ]; then mount --bind "$tmp" /tmp; fi
+if [ -n "$hide" ] && [ -d "$hide" ]; then mount -t tmpfs -o size=64k,mode=0555 none "$hide"; fi
+if [ "$loopback" = 1 ]; then ip link set lo up; fi
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of code under test (prlimit names; None leaves a limit as it is)."""
+
+    nproc: int | None = 4096
+    fsize_bytes: int | None = 8 * 1024**3
+    address_space_bytes: int | None = None
+    nofile: int | None = None
+
+    def prlimit_argv(self) -> list[str]:
+        if shutil.which("prlimit") is None:
+            return []
+        pairs = [
+            ("--nproc", self.nproc),
+            ("--fsize", self.fsize_bytes),
+            ("--as", self.address_space_bytes),
+            ("--nofile", self.nofile),
+        ]
+        options = [f"{flag}={value}" for flag, value in pairs if value is not None]
+        return ["prlimit", *options, "--"] if options else []
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How to launch code under test for one workspace."""
+
+    capabilities: Capabilities
+    fixed_path: str | None
+    hide: str | None = None
+    limits: Limits = Limits()
+    run_as: tuple[int, int] | None = None
+
+    def launcher(self, tree: Path, tmp: Path | None, deny_network: bool) -> list[str]:
+        """The argv prefix that runs a command inside this workspace's sandbox."""
+        if deny_network and not self.capabilities.network_namespace:
+            # Fail closed: callers check `can_deny_network` first; this is the last guard.
+            raise RuntimeError("egress denial requested but network namespaces are unavailable")
+        tail = self.limits.prlimit_argv()
+        if self.run_as is not None:
+            uid, gid = self.run_as
+            tail = [*tail, "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        if not self.capabilities.mount_namespace:
+            return tail
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if deny_network:
+            unshare.append("--net")
+        fixed = self.fixed_path or ""
+        return [
+            *unshare, "--", "sh", "-c", _INSIDE, "dockyard-sandbox",
+            str(tree), fixed, str(tmp) if tmp else "", self.hide or "",
+            "1" if deny_network else "0", *tail,
+        ]
+
+    @property
+    def can_deny_network(self) -> bool:
+        return self.capabilities.network_namespace
+
+    def visible_tmp(self, tmp: Path) -> str:
+        """Where code under test sees its private temporary directory."""
+        return "/tmp" if self.capabilities.mount_namespace else str(tmp)
+
+
+def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> str | None:
+    """Create the fixed mount point (an empty directory on the host) when it can be used."""
+    if not fixed_path or not capabilities.mount_namespace:
+        return None
+    os.makedirs(fixed_path, exist_ok=True)
+    return fixed_path
