@@ -24,7 +24,21 @@ class CapturedPatch:
     excluded_files: list[str] = field(default_factory=list)
 
 
-def capture_patch(tree: Path, base_commit: str, mirror: Path) -> CapturedPatch:
+def setup_artifacts(tree: Path) -> list[str]:
+    """What setup left in a fresh tree (a virtualenv, build output, files it edited).
+
+    These are the environment, not the agent's work: a captured patch leaves them out (and the
+    grading tree, made from the same template, has them already).
+    """
+    untracked = git(["ls-files", "-z", "--others", "--exclude-standard", "--directory"], cwd=tree)
+    modified = git(["diff", "--name-only", "-z"], cwd=tree)
+    names = (untracked.stdout + modified.stdout).decode("utf-8", "surrogateescape").split("\0")
+    return sorted({name.rstrip("/") for name in names if name})
+
+
+def capture_patch(
+    tree: Path, base_commit: str, mirror: Path, artifacts: list[str] | None = None
+) -> CapturedPatch:
     """The tree's changes against ``base_commit``, read through the executor's own mirror.
 
     git runs with the mirror as its repository and the session tree as its work tree, so nothing
@@ -43,7 +57,8 @@ def capture_patch(tree: Path, base_commit: str, mirror: Path) -> CapturedPatch:
         options = ["-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
                    "-c", "core.hooksPath=/dev/null", "-c", "core.bare=false"]
         git([*options, "read-tree", base_commit], cwd=tree, extra_env=env)
-        git([*options, "add", "-A", "--", "."], cwd=tree, extra_env=env)
+        excluded = [f":(exclude,literal){name}" for name in artifacts or []]
+        git([*options, "add", "-A", "--", ".", *excluded], cwd=tree, extra_env=env)
         diff = git(
             [*options, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
              "--find-renames", base_commit],

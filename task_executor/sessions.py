@@ -289,7 +289,10 @@ class SessionManager:
         """Capture the diff, close the session, grade the diff in a fresh tree."""
         with self._using(session_id) as session:
             captured = capture_patch(
-                session.workspace.path, session.workspace.base_commit, session.workspace.mirror
+                session.workspace.path,
+                session.workspace.base_commit,
+                session.workspace.mirror,
+                session.workspace.artifacts,
             )
             with self._guard:
                 self._sessions.pop(session_id, None)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .capture import setup_artifacts
 from .errors import InvalidRequest
 from .fsutil import remove_tree
 from .gitcmd import git
@@ -43,6 +44,8 @@ class Template:
     size_bytes: int = 0
     leases: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    artifacts: list[str] = field(default_factory=list)
+    """Paths setup created or changed (see capture.setup_artifacts)."""
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
@@ -137,6 +140,7 @@ class TemplateCache:
             git(["checkout", "--quiet", "--detach", template.commit], cwd=template.tree)
             if setup:
                 self.run_setup(template.tree, setup, env)
+                template.artifacts = setup_artifacts(template.tree)
             template.size_bytes = _disk_usage(template.root)
             self.builds += 1
             log.info("template %s built in %.2fs (%d bytes)", template.key,

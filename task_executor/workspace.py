@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .capture import setup_artifacts
 from .command import run_command
 from .errors import ExecutorError
 from .fsutil import copy_tree, mount_overlay, remove_tree, unmount
@@ -71,6 +72,8 @@ class Workspace:
     factory: WorkspaceFactory
     template: Template | None = None
     layers: list[Path] = field(default_factory=list)
+    artifacts: list[str] = field(default_factory=list)
+    """Paths setup created or changed: environment, never part of a captured patch."""
     destroyed: bool = False
 
     @property
@@ -176,6 +179,7 @@ class WorkspaceFactory:
             path=holder / "merged", root=holder, base_commit=template.commit,
             mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(holder / "merged"),
             setup_done=True, repo=repo, setup=setup, env=env, factory=self, template=template,
+            artifacts=list(template.artifacts),
         )
         if self.mode == "overlay":
             if snapshot is not None:
@@ -223,6 +227,8 @@ class WorkspaceFactory:
             self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
                            launcher=workspace.launcher(False))
             workspace.setup_done = True
+            if setup:
+                workspace.artifacts = setup_artifacts(workspace.path)
         return workspace
 
     def destroy(self, workspace: Workspace) -> None:

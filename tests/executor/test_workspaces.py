@@ -1,0 +1,213 @@
+"""Copy-on-write workspaces and isolation: templates, overlay, namespaces, fallback, fork."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from task_executor.errors import InvalidRequest
+from task_executor.isolation import detect
+from task_executor.mirrors import MirrorCache
+from task_executor.templates import TemplateCache
+from tests.conftest import FAST_PYTEST_ENV
+from tests.executor.test_sessions_api import _exec, _finish, _start
+
+CAPS = detect(Path("/var/tmp"))
+needs_overlay = pytest.mark.skipif(
+    not (CAPS.overlay and CAPS.mount_namespace), reason="overlay or mount namespaces unavailable"
+)
+needs_egress_guard = pytest.mark.skipif(
+    not CAPS.network_namespace, reason="network namespaces unavailable"
+)
+
+
+@needs_overlay
+def test_two_sessions_on_one_template_never_see_each_others_writes(executor, demo_task):
+    first, second = _start(executor, demo_task), _start(executor, demo_task)
+    _exec(executor, first, "echo mine > private.txt && sed -i 's/a - b/a * b/' calc/__init__.py")
+    seen = _exec(executor, second, "ls private.txt 2>&1; grep -c 'a - b' calc/__init__.py; pwd")
+    assert "No such file" in seen["output"]
+    assert seen["output"].endswith("1\n/testbed\n")
+    stats = executor.get("/health").json()["capabilities"]
+    assert stats["workspace_mode"] == "overlay" and stats["fixed_path"] == "/testbed"
+
+
+@needs_overlay
+def test_install_into_the_templates_virtualenv_stays_in_the_session(executor_factory, tmp_path,
+                                                                    demo_task):
+    executor = executor_factory()
+    setup = ["python -m venv --without-pip .venv"]
+    body = {"repo": demo_task.repo, "base_commit": demo_task.base_commit, "setup": setup,
+            "env": FAST_PYTEST_ENV}
+    installer, other = (executor.post("/session/start", json=body).json()["session_id"]
+                        for _ in range(2))
+    installed = _exec(executor, installer, (
+        "site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+        " && echo 'VALUE = 42' > $site/sneaky.py && .venv/bin/python -c 'import sneaky'"
+        " && echo installed; echo $site"))
+    assert installed["output"].startswith("installed\n/testbed/.venv/")  # baked at the fixed path
+    probe = ".venv/bin/python -c 'import sneaky' 2>&1 | tail -1"
+    assert "No module named 'sneaky'" in _exec(executor, other, probe)["output"]
+    # Grading the installer's work runs on the template, not on the session's tree.
+    patch = _finish(executor, installer, demo_task)["patch"]
+    assert ".venv" not in patch  # setup's artifacts are environment, not the agent's patch
+
+
+@needs_overlay
+def test_forked_session_diverges_from_its_source(executor, demo_task):
+    source = _start(executor, demo_task)
+    _exec(executor, source, "cd calc && export PHASE=one && echo shared > note.txt")
+    snap = executor.post(f"/session/{source}/snapshot", json={"name": "before"})
+    assert snap.status_code == 200 and snap.json()["size_bytes"] > 0
+    fork = executor.post(f"/session/{source}/fork", json={}).json()["session_id"]
+    inherited = _exec(executor, fork, 'echo "$PWD $PHASE $(cat note.txt)"')["output"]
+    assert inherited == "/testbed/calc one shared\n"
+    _exec(executor, fork, "echo fork > note.txt && export PHASE=two && touch fork-only")
+    _exec(executor, source, "echo source > note.txt")
+    assert _exec(executor, source, "cat note.txt; ls fork-only 2>&1 | wc -l; echo $PHASE")[
+        "output"] == "source\n1\none\n"
+    assert _exec(executor, fork, "cat note.txt; echo $PHASE")["output"] == "fork\ntwo\n"
+    from_snapshot = executor.post(f"/session/{source}/fork", json={"snapshot": "before"}).json()
+    assert _exec(executor, from_snapshot["session_id"], "cat note.txt")["output"] == "shared\n"
+    missing = executor.post(f"/session/{source}/fork", json={"snapshot": "nope"})
+    assert missing.status_code == 404
+    fixed = _exec(executor, fork, "sed -i 's/a - b/a + b/' __init__.py")
+    assert fixed["exit_code"] == 0
+    assert _finish(executor, fork, demo_task)["result"]["status"] == "resolved"
+    assert _finish(executor, source, demo_task)["result"]["status"] == "unresolved"
+
+
+@needs_egress_guard
+def test_egress_is_denied_and_loopback_works(executor, tmp_path):
+    from task_executor.demo import diff_of, init_repo
+
+    repo = tmp_path / "net"
+    base = init_repo(repo, {"x.py": "X = 1\n"})
+    # The documentation address (TEST-NET-1): with no route out of the namespace the connect
+    # fails inside the kernel, before any packet could leave.
+    test_patch = diff_of(repo, {"test_net.py": (
+        "import socket, subprocess, time\n"
+        "def test_only_loopback():\n"
+        "    links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True).stdout\n"
+        "    assert [l.split(':')[1].strip() for l in links.splitlines()] == ['lo']\n"
+        "def test_connect_out_fails_fast():\n"
+        "    started = time.monotonic()\n"
+        "    try:\n"
+        "        socket.create_connection(('192.0.2.1', 80), timeout=5)\n"
+        "    except OSError as exc:\n"
+        "        assert 'unreachable' in str(exc).lower()\n"
+        "    assert time.monotonic() - started < 1\n"
+        "def test_loopback_works():\n"
+        "    server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()\n"
+        "    client = socket.create_connection(server.getsockname(), timeout=2)\n"
+        "    client.sendall(b'hi'); assert server.accept()[0].recv(2) == b'hi'\n"
+    )})
+    body = {"task_id": "net", "repo": str(repo), "base_commit": base, "test_patch": test_patch,
+            "fail_to_pass": ["test_net.py::test_only_loopback", "test_net.py::test_loopback_works",
+                             "test_net.py::test_connect_out_fails_fast"]}
+    result = executor.submit(body).json()
+    assert result["status"] == "resolved", result["log"]
+    assert executor.get("/health").json()["capabilities"]["deny_network_default"] is True
+
+
+def test_egress_denial_fails_closed_without_the_guard(executor_factory, demo_task):
+    fallback = executor_factory(workspace_mode="git-clone")
+    assert fallback.get("/health").json()["capabilities"]["egress_guard"] is False
+    refused = fallback.submit({**demo_task.request("deny", ""), "deny_network": True})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "egress_guard_unavailable"
+    session = fallback.post("/session/start", json={
+        "repo": demo_task.repo, "base_commit": demo_task.base_commit, "deny_network": True})
+    assert session.json()["error"]["code"] == "egress_guard_unavailable"
+
+
+def test_fallback_mode_gives_the_same_verdicts(executor_factory, demo_task):
+    from tests.executor.test_grading_integrity import CHEAT_CONFTEST, _cheat_patch
+
+    fast, fallback = executor_factory(), executor_factory(workspace_mode="git-clone")
+    assert fallback.get("/health").json()["capabilities"]["workspace_mode"] == "git-clone"
+    cheat = _cheat_patch(demo_task, {"conftest.py": CHEAT_CONFTEST})
+    bad = demo_task.gold_patch.replace("-    return a - b", "-    return a ** b")
+    for name, patch in [("gold", demo_task.gold_patch), ("empty", ""), ("cheat", cheat),
+                        ("bad", bad)]:
+        body = demo_task.request(name, patch)
+        verdicts = [executor.submit(body).json() for executor in (fast, fallback)]
+        assert verdicts[0]["status"] == verdicts[1]["status"], name
+        assert verdicts[0]["tests"] == verdicts[1]["tests"], name
+
+
+@pytest.mark.parametrize("under_tmp", [True, False], ids=["base-in-tmp", "base-in-var-tmp"])
+def test_sandboxed_code_cannot_see_other_trees_or_the_executor(
+    executor_factory, demo_task, shared_dir, under_tmp
+):
+    if not CAPS.mount_namespace:
+        pytest.skip("mount namespaces unavailable")
+    executor = executor_factory() if under_tmp else executor_factory(base_dir=shared_dir / "b")
+    _start(executor, demo_task)  # another session's tree exists under the base directory
+    sid = _start(executor, demo_task)
+    base = executor.settings.base_dir
+    command = f"ls -A {base} 2>/dev/null | wc -l; ls -A /tmp"
+    seen = _exec(executor, sid, command)["output"].split("\n")
+    assert seen[0] == "0"  # the base directory: hidden under /tmp, or an empty mount
+    assert seen[1] == "home"
+
+
+def _template_cache(tmp_path: Path, budget: int, setup_log: Path) -> TemplateCache:
+    def run_setup(tree: Path, setup: list[str], env: dict[str, str]) -> None:
+        with setup_log.open("a") as handle:
+            handle.write(f"{tree}\n")
+        if setup == ["fail"]:
+            raise InvalidRequest("setup failed", code="setup_failed")
+        (tree / "built.txt").write_text("x" * 10_000)
+
+    return TemplateCache(tmp_path / "templates", MirrorCache(tmp_path / "mirrors"), run_setup,
+                         budget_bytes=budget)
+
+
+def test_template_is_built_once_under_sixteen_concurrent_requests(tmp_path, demo_task):
+    setup_log = tmp_path / "setups.log"
+    cache = _template_cache(tmp_path, 10**9, setup_log)
+    barrier = threading.Barrier(16)
+
+    def lease(_: int) -> Path:
+        barrier.wait()
+        template = cache.acquire(demo_task.repo, demo_task.base_commit, ["make"], {})
+        cache.release(template)
+        return template.root
+
+    with ThreadPoolExecutor(16) as pool:
+        roots = set(pool.map(lease, range(16)))
+    assert len(roots) == 1
+    assert len(setup_log.read_text().splitlines()) == 1
+    assert cache.stats()["builds"] == 1 and cache.stats()["hits"] == 15
+
+
+def test_failed_template_build_is_retried_and_leaves_nothing(tmp_path, demo_task):
+    cache = _template_cache(tmp_path, 10**9, tmp_path / "setups.log")
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            cache.acquire(demo_task.repo, demo_task.base_commit, ["fail"], {})
+    assert len((tmp_path / "setups.log").read_text().splitlines()) == 2
+    assert list((tmp_path / "templates").iterdir()) == []
+
+
+def test_eviction_never_removes_a_template_in_use(tmp_path, demo_task):
+    from task_executor.demo import FIXED_FILES, commit_all, write_files
+
+    cache = _template_cache(tmp_path, budget=1, setup_log=tmp_path / "setups.log")
+    held = cache.acquire(demo_task.repo, demo_task.base_commit, ["make"], {})
+    repo = Path(demo_task.repo)
+    commits = []
+    for index in range(3):
+        write_files(repo, {**FIXED_FILES, "n.txt": str(index)})
+        commits.append(commit_all(repo, f"c{index}"))
+    for commit in commits:
+        cache.release(cache.acquire(demo_task.repo, commit, ["make"], {}))
+    assert held.tree.is_dir()  # over budget, but leased
+    assert cache.stats()["templates"] == 1
+    cache.release(held)
+    assert not held.root.exists()
+    assert cache.stats()["templates"] == 0
