@@ -52,6 +52,10 @@ class Services:
             capabilities,
             fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),
             hide=str(settings.base_dir),
+            run_as=None if settings.run_as_uid is None else (
+                settings.run_as_uid,
+                settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid,
+            ),
         )
         workspaces = WorkspaceFactory(
             settings.base_dir / "work",

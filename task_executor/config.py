@@ -38,6 +38,8 @@ class Settings:
     deny_network: bool | None = None
     template_budget_bytes: int = 20 * 1024**3
     workspace_mode: str = "auto"
+    run_as_uid: int | None = None
+    run_as_gid: int | None = None
 
     @property
     def max_tasks(self) -> int:
@@ -100,6 +102,8 @@ _ENV = {
     "DOCKYARD_DENY_NETWORK": ("deny_network", _tristate),
     "DOCKYARD_TEMPLATE_BUDGET_BYTES": ("template_budget_bytes", int),
     "DOCKYARD_WORKSPACE_MODE": ("workspace_mode", str),
+    "DOCKYARD_RUN_AS_UID": ("run_as_uid", int),
+    "DOCKYARD_RUN_AS_GID": ("run_as_gid", int),
 }
 
 

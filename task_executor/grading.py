@@ -19,7 +19,7 @@ from sandbox_client.protocol import GradingSpec, PhaseTimings, TaskResult, TaskS
 
 from .command import CommandOutcome, run_command
 from .config import Settings
-from .diffs import split_patch
+from .diffs import split_patch, touched_paths
 from .errors import InvalidRequest, RepoError
 from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
 from .results import ReportedTests, exit_status_conflict, read_report
@@ -205,6 +205,10 @@ class Grader:
             force_apply_test_patch(tree, workspace.base_commit, job.spec.test_patch)
         except PatchFailed as exc:
             raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+        # Files git wrote belong to root; code under test may run as an unprivileged uid.
+        workspace.factory.hand_over_paths(
+            workspace, touched_paths(job.patch) | touched_paths(job.spec.test_patch)
+        )
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)

@@ -32,7 +32,7 @@ from sandbox_client.protocol import (
 from .capture import capture_patch
 from .config import Settings
 from .errors import Conflict, NotFound, OverCapacity
-from .files import FileBytes, read_file, write_file
+from .files import FileBytes, read_file, resolve_inside, write_file
 from .fsutil import remove_tree
 from .grading import Grader, GradingJob
 from .runner import ShellSession
@@ -194,7 +194,14 @@ class SessionManager:
 
     def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
         with self._using(session_id) as session:
-            return write_file(session.workspace.path, self._tree_path(session, path), data)
+            tree = session.workspace.path
+            requested = self._tree_path(session, path)
+            written = write_file(tree, requested, data)
+            target = resolve_inside(tree, requested)
+            self.workspaces.hand_over_paths(
+                session.workspace, [str(target.relative_to(os.path.realpath(tree)))]
+            )
+            return written
 
     @staticmethod
     def _tree_path(session: Session, path: str) -> str:

@@ -32,7 +32,7 @@ from .mirrors import MirrorCache
 log = logging.getLogger(__name__)
 
 SetupRunner = Callable[[Path, list[str], dict[str, str]], None]
-"""Runs setup commands in a tree (raises InvalidRequest with code setup_failed on failure)."""
+"""Prepares a fresh tree and runs setup commands in it (raises on failure)."""
 
 
 @dataclass
@@ -138,8 +138,9 @@ class TemplateCache:
             git(["clone", "--quiet", "--local", "--no-checkout", str(template.mirror),
                  str(template.tree)])
             git(["checkout", "--quiet", "--detach", template.commit], cwd=template.tree)
+            # Called even without setup commands: it also hands the tree to the sandbox's uid.
+            self.run_setup(template.tree, setup, env)
             if setup:
-                self.run_setup(template.tree, setup, env)
                 template.artifacts = setup_artifacts(template.tree)
             template.size_bytes = _disk_usage(template.root)
             self.builds += 1

@@ -17,9 +17,11 @@ All three give the same verdicts; only speed and isolation differ, and ``/health
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +153,7 @@ class WorkspaceFactory:
         setup, env = list(setup or []), dict(env or {})
         holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
         (holder / "tmp" / "home").mkdir(parents=True)
+        self.hand_over(holder / "tmp", recursive=True)
         template = None
         try:
             if self.mode == "git-clone":
@@ -196,6 +199,8 @@ class WorkspaceFactory:
         assert workspace.template is not None
         for part in ("upper", "work", "merged"):
             (workspace.root / part).mkdir(exist_ok=True)
+        # The merged tree's root takes its owner from the upper directory's root.
+        self.hand_over(workspace.root / "upper")
         mount_overlay(
             [*workspace.layers, workspace.template.tree],
             workspace.root / "upper",
@@ -219,6 +224,7 @@ class WorkspaceFactory:
         else:
             git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
             git(["checkout", "--quiet", "--detach", sha], cwd=path)
+        self.hand_over(path, recursive=True)
         workspace = Workspace(
             path=path, root=holder, base_commit=sha, mirror=mirror, visible_path=str(path),
             setup_done=snapshot is not None, repo=repo, setup=setup, env=env, factory=self,
@@ -263,6 +269,7 @@ class WorkspaceFactory:
             git(["clone", "--quiet", "--shared", "--no-checkout", str(workspace.mirror),
                  str(workspace.path)])
             git(["checkout", "--quiet", "--detach", workspace.base_commit], cwd=workspace.path)
+            self.hand_over(workspace.path, recursive=True)
             self.run_setup(workspace.path, workspace.setup, workspace.sandbox_env(workspace.env),
                            launcher=workspace.launcher(False))
 
@@ -296,10 +303,34 @@ class WorkspaceFactory:
                 why = "timed out" if outcome.timed_out else f"exited {outcome.exit_code}"
                 raise SetupFailed(f"setup command {why}: {command}\n{outcome.output[-2000:]}")
 
+    def hand_over(self, path: Path, recursive: bool = False) -> None:
+        """Give ``path`` to the unprivileged uid code under test runs as (when configured)."""
+        if self.sandbox.run_as is None or not path.exists():
+            return
+        uid, gid = self.sandbox.run_as
+        if recursive:
+            subprocess.run(["chown", "-R", f"{uid}:{gid}", "--", str(path)], check=True,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+        else:
+            os.lchown(path, uid, gid)
+
+    def hand_over_paths(self, workspace: Workspace, relative_paths: Iterable[str]) -> None:
+        """Give files the executor wrote (patches, uploads) and their new parents to the uid."""
+        if self.sandbox.run_as is None:
+            return
+        for relative in relative_paths:
+            target = workspace.path / relative
+            while target != workspace.path and workspace.path in target.parents:
+                if target.exists() or target.is_symlink():
+                    self.hand_over(target)
+                target = target.parent
+
     def template_setup(self, tree: Path, setup: list[str], env: dict[str, str]) -> None:
         """Setup of a template, run with the template at the fixed path (see templates.py)."""
         tmp = tree.parent / "tmp"
         (tmp / "home").mkdir(parents=True, exist_ok=True)
+        self.hand_over(tree, recursive=True)
+        self.hand_over(tmp, recursive=True)
         launcher = self.sandbox.launcher(tree, tmp, deny_network=False)
         full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
         self.run_setup(tree, setup, full_env, launcher=launcher)
@@ -307,8 +338,6 @@ class WorkspaceFactory:
 
 def _overlay_copy(upper: Path, target: Path) -> None:
     """Apply an overlay upper directory onto a copy of the layer below it (whiteouts included)."""
-    import subprocess
-
     # cp -a of the upper's contents over the target: new and changed files replace old ones;
     # whiteout device files replace what they hide, which is what a lower layer needs.
     subprocess.run(["cp", "-a", "--remove-destination", f"{upper}/.", str(target)], check=True,

@@ -211,3 +211,34 @@ def test_eviction_never_removes_a_template_in_use(tmp_path, demo_task):
     cache.release(held)
     assert not held.root.exists()
     assert cache.stats()["templates"] == 0
+
+
+def test_code_under_test_can_run_as_an_unprivileged_uid(executor_factory, demo_task, tmp_path):
+    nobody = executor_factory(run_as_uid=65534, run_as_gid=65534)
+    sid = _start(nobody, demo_task)
+    who = _exec(nobody, sid, "id -u; echo hi > new.txt && echo >> calc/__init__.py && echo ok; "
+                             "cat /root/.bashrc >/dev/null 2>&1 || echo denied")
+    assert who["output"] == "65534\nok\ndenied\n"
+    assert nobody.put(f"/session/{sid}/file?path=sub/up.txt", data=b"x").status_code == 200
+    assert _exec(nobody, sid, "echo more >> sub/up.txt && echo ok")["output"] == "ok\n"
+    # Graded as that uid too; the interpreter must be one the uid can run (not under /root).
+    system_python = Path("/usr/bin/python3")
+    if not system_python.exists():
+        pytest.skip("no system python for the unprivileged uid")
+    from task_executor.demo import diff_of, init_repo
+
+    repo = tmp_path / "uid-repo"
+    base = init_repo(repo, {"calc.py": "def add(a, b):\n    return a - b\n"})
+    fix = diff_of(repo, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    tests = diff_of(repo, {"tests_calc.py": (
+        "import os, unittest\nfrom calc import add\n\n"
+        "class AddTests(unittest.TestCase):\n"
+        "    def test_add(self):\n"
+        "        self.assertEqual(os.getuid(), 65534)\n"
+        "        self.assertEqual(add(2, 3), 5)\n")})
+    body = {"task_id": "uid", "repo": str(repo), "base_commit": base, "patch": fix,
+            "test_patch": tests, "log_parser": "unittest",
+            "test_command": f"{system_python} -m unittest -v tests_calc",
+            "fail_to_pass": ["test_add (tests_calc.AddTests)"]}
+    result = nobody.submit(body).json()
+    assert result["status"] == "resolved", result["log"]
