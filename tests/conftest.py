@@ -58,25 +58,25 @@ class RunningExecutor:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def post(self, path: str, **kwargs: object) -> requests.Response:
+    def request(self, method: str, path: str, **kwargs: object) -> requests.Response:
         headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return requests.post(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+        return requests.request(method, self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def post(self, path: str, **kwargs: object) -> requests.Response:
+        return self.request("POST", path, **kwargs)
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return requests.get(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+        return self.request("GET", path, **kwargs)
+
+    def put(self, path: str, **kwargs: object) -> requests.Response:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: object) -> requests.Response:
+        return self.request("DELETE", path, **kwargs)
 
     def submit(self, body: dict) -> requests.Response:
         body = {**body, "env": {**FAST_PYTEST_ENV, **body.get("env", {})}}
         return self.post("/task/submit", json=body)
-
-    def put(self, path: str, **kwargs: object) -> requests.Response:
-        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return requests.put(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
-
-    def delete(self, path: str, **kwargs: object) -> requests.Response:
-        headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return requests.delete(self.url + path, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
 
     def work_dirs(self) -> list[Path]:
         return sorted((self.settings.base_dir / "work").glob("*"))

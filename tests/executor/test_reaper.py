@@ -8,14 +8,7 @@ import time
 from pathlib import Path
 
 from task_executor import reaper
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+from tests.processes import alive
 
 
 def spawn(script: str, pid_file: Path, marker: str | None, new_session: bool = True) -> int:

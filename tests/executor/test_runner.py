@@ -20,6 +20,7 @@ import pytest
 from task_executor.framing import Frame, FrameParser, IncompleteFrame, InvalidFrame
 from task_executor.runner import SessionClosed, ShellSession
 from task_executor.syntax import check_syntax
+from tests.processes import alive
 
 NONCE = "0123456789abcdef0123456789abcdef"
 # A child that records its pid once running, then sleeps; {f} is the pid file.
@@ -40,12 +41,6 @@ def shell(tmp_path: Path, env: dict[str, str]) -> Iterator[ShellSession]:
     session.close()
 
 
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
 
 
 def pids(*files: Path, within: float = 5.0) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import FAST_PYTEST_ENV
-from tests.executor.test_submit_api import _alive
+from tests.processes import alive
 
 CONFTEST_CHEAT = (
     "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
@@ -159,9 +159,9 @@ def test_delete_kills_every_process_and_removes_the_tree(executor, demo_task, sh
     _exec(executor, sid, f"(trap '' TERM; echo $BASHPID > {shared_dir}/a.pid; sleep 1000) & "
                          f"setsid bash -c 'echo $$ > {shared_dir}/b.pid; sleep 1000' & sleep 0.3")
     pids = [int((shared_dir / name).read_text()) for name in ("a.pid", "b.pid")]
-    assert all(_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
     assert executor.delete(f"/session/{sid}").status_code == 200
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     assert executor.delete(f"/session/{sid}").status_code == 404
     assert executor.work_dirs() == []
 

@@ -12,14 +12,7 @@ import pytest
 import requests
 
 from task_executor.demo import diff_of, init_repo
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
+from tests.processes import alive
 
 
 def _pids(pid_dir: Path) -> list[int]:
@@ -61,7 +54,7 @@ def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path, shared
     assert result["error_code"] == "test_timeout"
     pids = _pids(pid_dir)
     assert len(pids) == 2
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     assert executor.work_dirs() == []
 
 
@@ -84,9 +77,9 @@ def test_background_children_are_gone_after_the_task(executor, tmp_path, shared_
     pids = _pids(pid_dir)
     assert len(pids) == 2
     deadline = time.monotonic() + 5
-    while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
 
 
 def test_unittest_and_django_style_results(executor, tmp_path):
