@@ -39,6 +39,9 @@ class MirrorCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # A full commit id, once found in a mirror, stays there: later requests skip git and the
+        # lock entirely (the hot path of every workspace create).
+        self._known: dict[tuple[str, str], tuple[Path, str]] = {}
 
     def source_of(self, repo: str) -> str:
         """Normalize the request's repo into something git can clone; RepoError if it cannot."""
@@ -63,6 +66,9 @@ class MirrorCache:
                 f"base_commit {commit!r} is not a valid revision", code="unknown_commit"
             )
         source = self.source_of(repo)
+        known = self._known.get((source, commit))
+        if known is not None and (known[0] / "HEAD").exists():
+            return known
         mirror = self.mirror_path(source)
         with self._locked(mirror):
             if not (mirror / "HEAD").exists():
@@ -73,6 +79,8 @@ class MirrorCache:
                 sha = self._rev_parse(mirror, commit)
             if sha is None:
                 raise RepoError(f"commit {commit} not found in {repo}", code="unknown_commit")
+        if sha == commit.lower():
+            self._known[(source, commit)] = (mirror, sha)
         return mirror, sha
 
     @contextmanager
