@@ -127,7 +127,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.errorhandler(HTTPException)
     def render_http_error(exc: HTTPException) -> Response:
         code = (exc.name or "http_error").lower().replace(" ", "_")
-        return error_response(code, exc.description or exc.name, exc.code or 500)
+        # Keep the headers the exception carries (Allow on a 405), not its HTML content type.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return error_response(code, exc.description or exc.name, exc.code or 500, headers)
 
     @app.errorhandler(Exception)
     def render_unexpected(exc: Exception) -> Response:

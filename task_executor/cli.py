@@ -68,6 +68,9 @@ def serve(settings: Settings) -> None:
         port=settings.port,
         threads=settings.threads,
         max_request_body_size=settings.max_body_bytes + 1024,
+        # Waitress's default (100) is below what one busy trainer keeps open (a pooled connection
+        # per live session and per grading), and a connection over it waits unanswered.
+        connection_limit=max(100, 4 * (settings.max_sessions + settings.threads)),
         ident="dockyard",
     )
     # Printed (and flushed) so scripts that start us on port 0 can learn the real port.

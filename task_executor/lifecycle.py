@@ -32,12 +32,13 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from flask import Flask, request
+from werkzeug.wsgi import ClosingIterator
 
 from . import reaper
 from .config import Settings
@@ -105,19 +106,24 @@ class Drain:
         return True
 
     def wrap(self, wsgi_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
-        """A WSGI middleware that counts requests in flight until their body is consumed."""
+        """A WSGI middleware that counts a request until the server closes its body."""
 
-        def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             with self._idle:
                 self._in_flight += 1
             try:
-                yield from wsgi_app(environ, start_response)
-            finally:
-                with self._idle:
-                    self._in_flight -= 1
-                    self._idle.notify_all()
+                body = wsgi_app(environ, start_response)
+            except BaseException:
+                self._done()
+                raise
+            return ClosingIterator(body, self._done)
 
         return counted
+
+    def _done(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
 
 
 def install(app: Flask) -> Drain:

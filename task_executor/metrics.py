@@ -213,10 +213,11 @@ def _observe_finish_answer(metrics: ExecutorMetrics, answer: Any) -> None:
     metrics.observe_grading(FinishResult.model_validate(answer).result, "finish")
 
 
-# Routes whose successful answers are counted from their body (keyed by URL rule).
-_ANSWER_OBSERVERS: dict[str, Callable[[ExecutorMetrics, Any], None]] = {
-    "/session/<session_id>/exec": _observe_exec_answer,
-    "/session/<session_id>/finish": _observe_finish_answer,
+# Calls whose successful answers are counted from their body, by method and URL rule (the
+# method matters: Flask answers OPTIONS on the same rule itself, with an empty body).
+_ANSWER_OBSERVERS: dict[tuple[str, str], Callable[[ExecutorMetrics, Any], None]] = {
+    ("POST", "/session/<session_id>/exec"): _observe_exec_answer,
+    ("POST", "/session/<session_id>/finish"): _observe_finish_answer,
 }
 
 
@@ -238,7 +239,7 @@ def install(
     def count_request(response: Response) -> Response:
         route = request.url_rule.rule if request.url_rule is not None else UNMATCHED_ROUTE
         metrics.observe_request(request.method, route, response.status_code, elapsed())
-        observer = _ANSWER_OBSERVERS.get(route)
+        observer = _ANSWER_OBSERVERS.get((request.method, route))
         if observer is not None and response.status_code == 200:
             try:
                 observer(metrics, response.get_json(silent=True))
