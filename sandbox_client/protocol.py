@@ -12,9 +12,17 @@ lists stored as JSON-encoded strings) are accepted on input; output always uses 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -43,6 +51,29 @@ def _json_list(value: Any) -> Any:
 
 
 TestIdList = Annotated[list[str], BeforeValidator(_json_list)]
+
+
+def _no_nul(value: str) -> str:
+    # The kernel cannot pass a NUL in an argument or environment entry: refuse it here, as a
+    # 422 naming the field, instead of failing deep inside as a 500 or an execution_error.
+    if "\0" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+def _env_mapping(value: dict[str, str]) -> dict[str, str]:
+    for name, entry in value.items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a shell identifier")
+        _no_nul(entry)
+    return value
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ShellText = Annotated[str, AfterValidator(_no_nul)]
+"""Text that becomes a process argument: no NUL bytes."""
+EnvMapping = Annotated[dict[str, str], AfterValidator(_env_mapping)]
+"""Environment variables: shell-identifier names, values without NUL bytes."""
 
 
 class _Request(BaseModel):
@@ -83,7 +114,7 @@ class GradingSpec(_Request):
         validation_alias=AliasChoices("pass_to_pass", "PASS_TO_PASS"),
         description="Tests that must keep passing.",
     )
-    test_command: str | None = Field(
+    test_command: ShellText | None = Field(
         default=None,
         description="Shell command that runs the tests; default: pytest over the test files "
         "that test_patch touches.",
@@ -119,11 +150,11 @@ class TaskSpec(GradingSpec):
         validation_alias=AliasChoices("patch", "model_patch"),
         description="The agent's patch (unified diff); may be empty.",
     )
-    setup: list[str] = Field(
+    setup: list[ShellText] = Field(
         default_factory=list,
         description="Shell commands that prepare the environment, run at base_commit.",
     )
-    env: dict[str, str] = Field(
+    env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for setup and tests."
     )
 
@@ -210,10 +241,10 @@ class SessionStartSpec(_Request):
 
     repo: str = Field(min_length=1, description="Git URL or local path of the repository.")
     base_commit: str = Field(min_length=1, description="Commit the working tree starts from.")
-    setup: list[str] = Field(
+    setup: list[ShellText] = Field(
         default_factory=list, description="Shell commands run once before the shell starts."
     )
-    env: dict[str, str] = Field(
+    env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for the shell."
     )
     task_id: str | None = Field(
@@ -241,7 +272,7 @@ class SessionStartResult(_Response):
 class ExecRequest(_Request):
     """``POST /session/<id>/exec``: run one shell command in the session's bash."""
 
-    command: str = Field(description="Bash source; may span several lines.")
+    command: ShellText = Field(description="Bash source; may span several lines.")
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Seconds before the command is killed."
     )

@@ -37,6 +37,8 @@ def resolve_inside(root: Path, requested: str) -> Path:
         raise InvalidRequest("query parameter 'path' is required", code="missing_path")
     real_root = Path(os.path.realpath(root))
     candidate = Path(requested) if os.path.isabs(requested) else real_root / requested
+    if len(str(candidate)) >= 4096 or any(len(part) > 255 for part in candidate.parts):
+        raise InvalidRequest(f"path {requested[:100]!r}... is too long", code="path_too_long")
     # realpath follows every symlink that exists, including one planted as the final component.
     real = Path(os.path.realpath(candidate))
     if real != real_root and real_root not in real.parents:

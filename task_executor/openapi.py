@@ -95,7 +95,8 @@ def openapi_document() -> dict[str, Any]:
 
 
 def _parameter(name: str, where: str) -> dict[str, Any]:
-    return {"name": name, "in": where, "required": True, "schema": {"type": "string"}}
+    schema = {"type": "string", "minLength": 1}
+    return {"name": name, "in": where, "required": True, "schema": schema}
 
 
 def _is_request(model: type[BaseModel]) -> bool:

@@ -31,6 +31,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_mount_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Overlay mounts left under a test's tmp_path (a SIGKILLed executor leaves them, as a
+    crash would) would make pytest's cleanup of old tmp directories fail in a later run."""
+    from task_executor.lifecycle import unmount_under
+
+    used = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if used is not None:
+        unmount_under(used)
+
+
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory both the test and sandboxed code can see (sandboxes get a private /tmp)."""

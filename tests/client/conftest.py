@@ -196,3 +196,9 @@ def process_executors(tmp_path: Any) -> Iterator[Callable[[int], list[Any]]]:
 
     yield start
     stop_workers(started, grace=5.0)
+    # A worker the test SIGKILLed left its sandboxes and overlay mounts behind, as a crashed
+    # executor does; the next start on that directory would clean them, so do that here.
+    from task_executor.lifecycle import clean_base_dir
+
+    for base in sorted((tmp_path / "fleet").glob("worker-*")):
+        clean_base_dir(base)

@@ -167,7 +167,11 @@ def test_grade_input_errors_exit_2(
 
 
 def test_preflight_flags_vacuous_flaky_and_errors(
-    demo_task: DemoTask, executor: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_task: DemoTask,
+    executor: Any,
+    tmp_path: Path,
+    shared_dir: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     repo = Path(demo_task.repo)
     flaky_patch = diff_of(repo, {**TEST_FILES, "tests/test_flaky.py": FLAKY_TEST})
@@ -183,7 +187,7 @@ def test_preflight_flags_vacuous_flaky_and_errors(
             "flaky",
             test_patch=flaky_patch,
             PASS_TO_PASS=json.dumps([*demo_task.pass_to_pass, "tests/test_flaky.py::test_flaky"]),
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FLAKY_STATE": str(tmp_path / "state")},
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FLAKY_STATE": str(shared_dir / "state")},
         ),
         # Refused by the executor: no verdict, which is not evidence against the instance.
         demo_instance(demo_task, "no-repo", repo=str(tmp_path / "missing-repo")),

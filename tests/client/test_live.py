@@ -157,9 +157,9 @@ def dropping_proxy(executor: Any) -> Iterator[DroppingProxy]:
 
 
 def test_lost_reply_does_not_run_tests_twice(
-    demo_task: DemoTask, dropping_proxy: DroppingProxy, tmp_path: Path
+    demo_task: DemoTask, dropping_proxy: DroppingProxy, shared_dir: Path
 ) -> None:
-    counter = tmp_path / "runs"
+    counter = shared_dir / "runs"  # sandboxed tests get a private /tmp
     command = f"echo run >> {counter}; python -m pytest -p no:cacheprovider tests/test_calc.py"
     task = spec(demo_task, "once", demo_task.gold_patch, test_command=command)
     with SandboxClient(dropping_proxy.url) as client:

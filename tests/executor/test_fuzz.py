@@ -130,7 +130,6 @@ def keep_local_and_bounded(case: Any, target: FuzzTarget) -> None:
             case.body["repo"], case.body["base_commit"] = target.demo.repo, target.demo.base_commit
         elif isinstance(repo, str) and is_remote(repo):
             case.body["repo"] = "/nonexistent/fuzzed-remote"
-        avoid_known_bugs(case.body)
         for field in ("timeout", "command_timeout"):
             value = case.body.get(field)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -139,23 +138,6 @@ def keep_local_and_bounded(case: Any, target: FuzzTarget) -> None:
     session_id = params.get("session_id")
     if isinstance(session_id, str) and _heads(session_id):
         params["session_id"] = target.live_session()
-
-
-def avoid_known_bugs(body: dict[str, Any]) -> None:
-    """Keep the fuzzer off bugs it already found and that are reported, pinned down by the
-    strict xfail tests below; delete each part once its test passes (the xfail then fails)."""
-    env = body.get("env")
-    if isinstance(env, dict):  # test_env_the_kernel_cannot_take_is_refused
-        body["env"] = {k: v for k, v in env.items() if _valid_env_name(k) and "\0" not in str(v)}
-    for field in ("setup",):  # test_commands_with_nul_bytes_are_refused
-        if isinstance(body.get(field), list):
-            body[field] = [c.replace("\0", "") if isinstance(c, str) else c for c in body[field]]
-    if isinstance(body.get("test_command"), str):
-        body["test_command"] = body["test_command"].replace("\0", "")
-
-
-def _valid_env_name(name: str) -> bool:
-    return bool(name) and "=" not in name and "\0" not in name
 
 
 def fuzz(case: Any, target: FuzzTarget) -> None:
@@ -202,14 +184,12 @@ def test_405_answers_say_which_methods_are_allowed(executor):
     assert answer.json()["error"]["request_id"] == answer.headers["X-Request-ID"]
 
 
-# Found by the fuzzer and reported; strict, so each fails loudly once fixed: then drop the marker
-# and the matching part of avoid_known_bugs.
-REPORTED = "reported: the kernel refuses it deep inside, as a 500 or an execution_error"
+# Found by the fuzzer: input the kernel cannot take used to fail deep inside, as a 500 or an
+# execution_error; now refused at the protocol boundary.
 
 BAD_ENVS = [{"A\u0000B": "1"}, {"A": "1\u00002"}, {"A=B": "1"}, {"": "1"}]
 
 
-@pytest.mark.xfail(strict=True, reason=REPORTED)
 @pytest.mark.parametrize("env", BAD_ENVS, ids=["nul-in-name", "nul-in-value", "equals", "empty"])
 def test_env_the_kernel_cannot_take_is_refused_at_session_start(executor, demo_task, env):
     answer = executor.post(
@@ -219,7 +199,6 @@ def test_env_the_kernel_cannot_take_is_refused_at_session_start(executor, demo_t
     assert answer.status_code == 422, answer.text
 
 
-@pytest.mark.xfail(strict=True, reason=REPORTED)
 @pytest.mark.parametrize("env", BAD_ENVS, ids=["nul-in-name", "nul-in-value", "equals", "empty"])
 def test_env_the_kernel_cannot_take_is_refused_at_submit(executor, demo_task, env):
     # Today: 200 with status execution_error ("internal error: embedded null byte"), which
@@ -228,7 +207,6 @@ def test_env_the_kernel_cannot_take_is_refused_at_submit(executor, demo_task, en
     assert answer.status_code == 422, answer.text
 
 
-@pytest.mark.xfail(strict=True, reason=REPORTED)
 def test_setup_commands_with_nul_bytes_are_refused(executor, demo_task):
     answer = executor.post(
         "/session/start",
@@ -237,7 +215,6 @@ def test_setup_commands_with_nul_bytes_are_refused(executor, demo_task):
     assert answer.status_code in (400, 422), answer.text
 
 
-@pytest.mark.xfail(strict=True, reason=REPORTED)
 @pytest.mark.parametrize("path", ["a" * 300, "/".join(["d"] * 3000)], ids=["name", "path"])
 @pytest.mark.parametrize("method", ["GET", "PUT"])
 def test_overlong_file_paths_are_a_client_error(executor, demo_task, method, path):

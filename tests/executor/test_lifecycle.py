@@ -214,7 +214,7 @@ def test_restart_after_sigkill_cleans_up_and_clients_never_see_a_wrong_verdict(
 ):
     base = tmp_path / "base"
     verdicts: list[tuple[str, object]] = []  # (expected status, what the client got)
-    with serving(base, DOCKYARD_TASK_EXECUTOR_THREADS="40") as server:
+    with serving(base, DOCKYARD_TASK_EXECUTOR_THREADS="40", DOCKYARD_MAX_TASKS="20") as server:
         client = SandboxClient(urls=[server.url])
         threads = []
         for i in range(20):

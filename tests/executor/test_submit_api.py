@@ -202,7 +202,7 @@ def test_unknown_route_and_wrong_method_are_json(executor):
 
 
 def test_concurrent_tasks_on_the_same_repo(executor_factory, demo_task):
-    executor = executor_factory(threads=10)  # eight grading slots
+    executor = executor_factory(threads=10, max_concurrent_tasks=8)
     bodies = [demo_task.request(f"c{i}", demo_task.gold_patch if i % 2 else "") for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda b: executor.submit(b).json(), bodies))
