@@ -41,7 +41,7 @@ class Services:
     @classmethod
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
-        mirrors = MirrorCache(settings.base_dir / "mirrors")
+        mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)
         capabilities = isolation.detect(settings.base_dir)
         if settings.workspace_mode == "git-clone":
             capabilities = isolation.Capabilities(

@@ -37,6 +37,7 @@ class Settings:
     fixed_path: str | None = "/testbed"
     deny_network: bool | None = None
     template_budget_bytes: int = 20 * 1024**3
+    mirror_budget_bytes: int = 20 * 1024**3
     workspace_mode: str = "auto"
     run_as_uid: int | None = None
     run_as_gid: int | None = None
@@ -110,6 +111,7 @@ _ENV = {
     "DOCKYARD_FIXED_PATH": ("fixed_path", str),
     "DOCKYARD_DENY_NETWORK": ("deny_network", _tristate),
     "DOCKYARD_TEMPLATE_BUDGET_BYTES": ("template_budget_bytes", int),
+    "DOCKYARD_MIRROR_BUDGET_BYTES": ("mirror_budget_bytes", int),
     "DOCKYARD_WORKSPACE_MODE": ("workspace_mode", str),
     "DOCKYARD_RUN_AS_UID": ("run_as_uid", int),
     "DOCKYARD_RUN_AS_GID": ("run_as_gid", int),

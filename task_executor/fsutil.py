@@ -75,5 +75,14 @@ def unmount(path: Path) -> None:
             return
 
 
+def disk_usage(path: Path) -> int:
+    """Bytes under ``path`` (du -sb); 0 when it cannot be measured."""
+    proc = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=False)
+    try:
+        return int(proc.stdout.split()[0])
+    except (IndexError, ValueError):
+        return 0
+
+
 def is_mount_point(path: Path) -> bool:
     return os.path.ismount(path)

@@ -2,7 +2,9 @@
 
 Every working tree is made from a local mirror, so a task never waits on the network for objects
 it already has. Two tasks that need the same repository at once take the same lock: one clones
-or fetches, the other finds the commit there.
+or fetches, the other finds the commit there. Mirrors are a cache with a disk budget: beyond it
+the least recently used are removed, never one a live workspace holds (``pin``) nor one used in
+the last minute.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import RepoError
+from .fsutil import disk_usage
 from .gitcmd import GitFailed, git
 
 log = logging.getLogger(__name__)
@@ -34,9 +38,16 @@ def is_remote(repo: str) -> bool:
 class MirrorCache:
     """Bare mirrors keyed by the repository's URL or absolute path."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, budget_bytes: int | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = budget_bytes
+        self._pins: dict[Path, int] = {}
+        self._sizes: dict[Path, int] = {}
+        self._last_used: dict[Path, float] = {}
+        for mirror in self.root.glob("*.git"):
+            self._sizes[mirror] = disk_usage(mirror)
+            self._last_used[mirror] = mirror.stat().st_mtime - time.time() + time.monotonic()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         # A full commit id, once found in a mirror, stays there: later requests skip git and the
@@ -68,20 +79,66 @@ class MirrorCache:
         source = self.source_of(repo)
         known = self._known.get((source, commit))
         if known is not None and (known[0] / "HEAD").exists():
+            self._last_used[known[0]] = time.monotonic()
             return known
         mirror = self.mirror_path(source)
+        grew = False
         with self._locked(mirror):
+            self._last_used[mirror] = time.monotonic()
             if not (mirror / "HEAD").exists():
                 self._clone(source, mirror)
+                grew = True
             sha = self._rev_parse(mirror, commit)
             if sha is None:
                 self._fetch(mirror, commit)
+                grew = True
                 sha = self._rev_parse(mirror, commit)
+            if grew:
+                self._sizes[mirror] = disk_usage(mirror)
             if sha is None:
                 raise RepoError(f"commit {commit} not found in {repo}", code="unknown_commit")
+        if grew:
+            self.evict()
         if sha == commit.lower():
             self._known[(source, commit)] = (mirror, sha)
         return mirror, sha
+
+    def pin(self, mirror: Path) -> None:
+        """A workspace made from ``mirror`` lives: keep it."""
+        with self._locks_guard:
+            self._pins[mirror] = self._pins.get(mirror, 0) + 1
+
+    def unpin(self, mirror: Path) -> None:
+        with self._locks_guard:
+            self._pins[mirror] = self._pins.get(mirror, 1) - 1
+
+    def evict(self, recent_s: float = 60.0) -> list[Path]:
+        """Remove least recently used mirrors until the cache fits its budget."""
+        if self.budget_bytes is None:
+            return []
+        removed = []
+        now = time.monotonic()
+        with self._locks_guard:
+            total = sum(self._sizes.values())
+            candidates = sorted(self._sizes, key=lambda m: self._last_used.get(m, 0.0))
+        for mirror in candidates:
+            if total <= self.budget_bytes:
+                break
+            if self._pins.get(mirror, 0) > 0 or now - self._last_used.get(mirror, 0.0) < recent_s:
+                continue
+            with self._locked(mirror):
+                if self._pins.get(mirror, 0) > 0:
+                    continue
+                shutil.rmtree(mirror, ignore_errors=True)
+                total -= self._sizes.pop(mirror, 0)
+                self._last_used.pop(mirror, None)
+                self._known = {k: v for k, v in self._known.items() if v[0] != mirror}
+            removed.append(mirror)
+            log.info("mirror %s evicted (cache over its budget)", mirror.name)
+        return removed
+
+    def stats(self) -> dict[str, int]:
+        return {"mirrors": len(self._sizes), "disk_bytes": sum(self._sizes.values())}
 
     @contextmanager
     def _locked(self, mirror: Path) -> Iterator[None]:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from .capture import setup_artifacts
 from .errors import InvalidRequest
-from .fsutil import remove_tree
+from .fsutil import disk_usage, remove_tree
 from .gitcmd import git
 from .mirrors import MirrorCache
 
@@ -57,14 +56,6 @@ class Template:
 def template_key(source: str, commit: str, setup: list[str], env: dict[str, str]) -> str:
     material = json.dumps([source, commit, setup, sorted(env.items())])
     return hashlib.sha256(material.encode()).hexdigest()[:24]
-
-
-def _disk_usage(path: Path) -> int:
-    proc = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=False)
-    try:
-        return int(proc.stdout.split()[0])
-    except (IndexError, ValueError):
-        return 0
 
 
 class TemplateCache:
@@ -142,7 +133,7 @@ class TemplateCache:
             self.run_setup(template.tree, setup, env)
             if setup:
                 template.artifacts = setup_artifacts(template.tree)
-            template.size_bytes = _disk_usage(template.root)
+            template.size_bytes = disk_usage(template.root)
             self.builds += 1
             log.info("template %s built in %.2fs (%d bytes)", template.key,
                      time.monotonic() - started, template.size_bytes)

@@ -167,6 +167,8 @@ class WorkspaceFactory:
             if template is not None and self.templates is not None:
                 self.templates.release(template)
             raise
+        # Diff capture reads through the mirror (and git-clone trees borrow its objects).
+        self.mirrors.pin(workspace.mirror)
         return workspace
 
     def _from_template(
@@ -245,6 +247,7 @@ class WorkspaceFactory:
         if self.mode == "overlay":
             unmount(workspace.path)
         remove_tree(workspace.root)
+        self.mirrors.unpin(workspace.mirror)
         if workspace.template is not None and self.templates is not None:
             self.templates.release(workspace.template)
 

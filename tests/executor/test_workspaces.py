@@ -242,3 +242,23 @@ def test_code_under_test_can_run_as_an_unprivileged_uid(executor_factory, demo_t
             "fail_to_pass": ["test_add (tests_calc.AddTests)"]}
     result = nobody.submit(body).json()
     assert result["status"] == "resolved", result["log"]
+
+
+def test_mirrors_are_evicted_under_their_budget_but_never_when_pinned(tmp_path):
+    from task_executor.demo import BASE_FILES, init_repo
+
+    repos = [tmp_path / f"repo-{i}" for i in range(3)]
+    commits = [init_repo(repo, dict(BASE_FILES)) for repo in repos]
+    cache = MirrorCache(tmp_path / "mirrors", budget_bytes=1)
+    pinned, _ = cache.resolve(str(repos[0]), commits[0])
+    cache.pin(pinned)
+    for repo, commit in zip(repos[1:], commits[1:]):
+        cache.resolve(str(repo), commit)
+    assert cache.stats()["mirrors"] == 3  # all used within the last minute: none evicted yet
+    removed = cache.evict(recent_s=0)
+    assert len(removed) == 2 and pinned not in removed
+    assert (pinned / "HEAD").exists()
+    cache.unpin(pinned)
+    assert cache.evict(recent_s=0) == [pinned]
+    # An evicted mirror is simply cloned again on the next request.
+    assert cache.resolve(str(repos[1]), commits[1])[1] == commits[1]
