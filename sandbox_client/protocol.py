@@ -221,6 +221,9 @@ class HealthCapabilities(_Response):
     deny_network_default: bool = Field(
         default=False, description="Whether tasks that do not say run without network."
     )
+    private_tmp: bool = Field(
+        default=False, description="Each workspace's code under test has its own /tmp."
+    )
 
 
 class HealthResponse(_Response):

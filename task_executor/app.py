@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -14,7 +16,7 @@ from . import isolation, lifecycle, metrics, requestlog
 from .capacity import Slots
 from .config import Settings
 from .errors import ExecutorError, Unauthorized
-from .grading import Grader, sandbox_env
+from .grading import REPORTER_DIR, Grader, sandbox_env
 from .mirrors import MirrorCache
 from .sessions import SessionManager
 from .task_registry import TaskRegistry
@@ -52,6 +54,9 @@ class Services:
             capabilities,
             fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),
             hide=str(settings.base_dir),
+            private_tmp=not isolation.needed_under_tmp(
+                [str(REPORTER_DIR), sys.prefix, *os.environ.get("PATH", "").split(os.pathsep)]
+            ),
             run_as=None if settings.run_as_uid is None else (
                 settings.run_as_uid,
                 settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid,

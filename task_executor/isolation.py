@@ -134,6 +134,9 @@ class Sandbox:
     capabilities: Capabilities
     fixed_path: str | None
     hide: str | None = None
+    private_tmp: bool = True
+    """Bind each workspace's own directory over /tmp (off when the executor's interpreter, the
+    reporter or a PATH entry lives under /tmp: code under test could not reach them)."""
     limits: Limits = Limits()
     run_as: tuple[int, int] | None = None
 
@@ -154,7 +157,7 @@ class Sandbox:
         fixed = self.fixed_path or ""
         return [
             *unshare, "--", "sh", "-c", _INSIDE, "dockyard-sandbox",
-            str(tree), fixed, str(tmp) if tmp else "", self.hide or "",
+            str(tree), fixed, str(tmp) if tmp and self.private_tmp else "", self.hide or "",
             "1" if deny_network else "0", *tail,
         ]
 
@@ -164,7 +167,13 @@ class Sandbox:
 
     def visible_tmp(self, tmp: Path) -> str:
         """Where code under test sees its private temporary directory."""
-        return "/tmp" if self.capabilities.mount_namespace else str(tmp)
+        return "/tmp" if self.capabilities.mount_namespace and self.private_tmp else str(tmp)
+
+
+def needed_under_tmp(paths: list[str]) -> list[str]:
+    """Which of ``paths`` a private /tmp would hide from code under test."""
+    tmp = os.path.realpath("/tmp")
+    return [p for p in paths if p and os.path.realpath(p).startswith(tmp + os.sep)]
 
 
 def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> str | None:

@@ -40,6 +40,7 @@ def health() -> dict:
             namespaces=caps.mount_namespace,
             egress_guard=caps.network_namespace,
             fixed_path=services.workspaces.sandbox.fixed_path,
+            private_tmp=caps.mount_namespace and services.workspaces.sandbox.private_tmp,
             deny_network_default=services.grader.default_denies_network(),
         ),
         load={

@@ -149,10 +149,12 @@ def test_sandboxed_code_cannot_see_other_trees_or_the_executor(
     _start(executor, demo_task)  # another session's tree exists under the base directory
     sid = _start(executor, demo_task)
     base = executor.settings.base_dir
-    command = f"ls -A {base} 2>/dev/null | wc -l; ls -A /tmp"
+    command = f'ls -A {base} 2>/dev/null | wc -l; ls -A "${{TMPDIR:-/tmp}}"'
     seen = _exec(executor, sid, command)["output"].split("\n")
     assert seen[0] == "0"  # the base directory: hidden under /tmp, or an empty mount
-    assert seen[1] == "home"
+    assert seen[1] == "home"  # a temporary directory of its own
+    if executor.get("/health").json()["capabilities"]["private_tmp"]:
+        assert _exec(executor, sid, "ls -A /tmp")["output"] == "home\n"
 
 
 def _template_cache(tmp_path: Path, budget: int, setup_log: Path) -> TemplateCache:
