@@ -45,7 +45,7 @@ class Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)
         capabilities = isolation.detect(settings.base_dir)
-        if settings.workspace_mode == "git-clone":
+        if settings.workspace_mode == "git-clone" or not settings.fixed_path:
             capabilities = isolation.Capabilities(
                 overlay=False, mount_namespace=False,
                 network_namespace=False, reflink=False,

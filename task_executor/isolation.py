@@ -89,16 +89,17 @@ def detect(base_dir: Path) -> Capabilities:
     return found
 
 
-# The script run between unshare and the command. Arguments: tree, fixed path, private tmp, a
-# directory to hide (the executor's base directory: other tasks' trees, mirrors, templates, logs),
+# The script run between unshare and the command. Arguments: tree, fixed path, private tmp and
+# where to show it (/tmp itself, or a fixed directory when /tmp must stay shared), a directory to
+# hide (the executor's base directory: other tasks' trees, mirrors, templates, logs),
 # the bring-loopback-up flag, then the command. Mount failures abort: a task must never run in the
 # host's view of the fixed path or with the host's /tmp.
 _INSIDE = r"""
 set -e
-tree=$1 fixed=$2 tmp=$3 hide=$4 loopback=$5
-shift 5
+tree=$1 fixed=$2 tmp=$3 tmpdir=$4 hide=$5 loopback=$6
+shift 6
 if [ -n "$fixed" ]; then mount --bind "$tree" "$fixed"; cd "$fixed"; else cd "$tree"; fi
-if [ -n "$tmp" ]; then mount --bind "$tmp" /tmp; fi
+if [ -n "$tmp" ]; then mount --bind "$tmp" "$tmpdir"; fi
 if [ -n "$hide" ] && [ -d "$hide" ]; then mount -t tmpfs -o size=64k,mode=0555 none "$hide"; fi
 if [ "$loopback" = 1 ]; then ip link set lo up; fi
 exec "$@"
@@ -157,8 +158,8 @@ class Sandbox:
         fixed = self.fixed_path or ""
         return [
             *unshare, "--", "sh", "-c", _INSIDE, "dockyard-sandbox",
-            str(tree), fixed, str(tmp) if tmp and self.private_tmp else "", self.hide or "",
-            "1" if deny_network else "0", *tail,
+            str(tree), fixed, str(tmp) if tmp else "", self.visible_tmp(tmp or Path("/tmp")),
+            self.hide or "", "1" if deny_network else "0", *tail,
         ]
 
     @property
@@ -166,8 +167,13 @@ class Sandbox:
         return self.capabilities.network_namespace
 
     def visible_tmp(self, tmp: Path) -> str:
-        """Where code under test sees its private temporary directory."""
-        return "/tmp" if self.capabilities.mount_namespace and self.private_tmp else str(tmp)
+        """Where code under test sees its private temporary directory (TMPDIR)."""
+        if not self.capabilities.mount_namespace:
+            return str(tmp)
+        if self.private_tmp:
+            return "/tmp"
+        # The real directory is inside the hidden base directory: show it at a fixed place.
+        return f"{self.fixed_path or '/dockyard'}.tmp"
 
 
 def needed_under_tmp(paths: list[str]) -> list[str]:
@@ -177,8 +183,10 @@ def needed_under_tmp(paths: list[str]) -> list[str]:
 
 
 def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> str | None:
-    """Create the fixed mount point (an empty directory on the host) when it can be used."""
+    """Create the fixed mount points (empty directories on the host: the tree's, and its
+    temporary directory's for when /tmp stays shared) when they can be used."""
     if not fixed_path or not capabilities.mount_namespace:
         return None
     os.makedirs(fixed_path, exist_ok=True)
+    os.makedirs(f"{fixed_path}.tmp", exist_ok=True)
     return fixed_path

@@ -39,8 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from procfs import descendants  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from task_executor.lifecycle import unmount_under  # noqa: E402
+
 ECHO = "echo hi"
 FLOOD = "head -c 16777216 /dev/zero | tr '\\0' 'a'"
 WARMUP = 20
@@ -51,22 +56,6 @@ def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-def descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        children = kids.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
 
 
 def mem_kib(pid: int, field: str = "VmRSS") -> int:
@@ -91,14 +80,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     for pid in kids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def unmount_under(root: Path) -> None:
-    """Lazily unmount what a killed executor left mounted under ``root`` (overlay workspaces)."""
-    with open("/proc/mounts") as mounts:
-        points = [line.split()[1] for line in mounts]
-    for point in sorted((p for p in points if p.startswith(f"{root}/")), reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def check(reply: requests.Response) -> requests.Response:

@@ -64,10 +64,13 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from procfs import descendants  # noqa: E402  (beside this script)
+
 from task_executor import isolation  # noqa: E402
 from task_executor.config import Settings  # noqa: E402
 from task_executor.gitcmd import git  # noqa: E402
 from task_executor.grading import sandbox_env  # noqa: E402
+from task_executor.lifecycle import mounts_under  # noqa: E402
 from task_executor.mirrors import MirrorCache  # noqa: E402
 from task_executor.templates import TemplateCache  # noqa: E402
 from task_executor.workspace import Workspace, WorkspaceFactory  # noqa: E402
@@ -147,7 +150,7 @@ class Cleanup:
                 self.notes.append(f"destroy {workspace.root}: {exc}")
         for proc in self.servers:
             stop_server(proc)
-        left = mounts_below(self.workdir)
+        left = mounts_under(self.workdir)
         for mount_point in sorted(left, key=len, reverse=True):
             for argv in (["umount", mount_point], ["umount", "-l", mount_point]):
                 if subprocess.run(argv, capture_output=True, check=False).returncode == 0:
@@ -162,34 +165,6 @@ class Cleanup:
                 pass
         for note in self.notes:
             print(f"cleanup: {note}", file=sys.stderr)
-
-
-def mounts_below(root: Path) -> list[str]:
-    """Mount points of this mount namespace strictly below ``root``."""
-    prefix = str(root.resolve()) + "/"
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        if point.startswith(prefix):
-            found.append(point)
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        children = kids.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
