@@ -35,25 +35,57 @@ def test_two_sessions_on_one_template_never_see_each_others_writes(executor, dem
     assert stats["workspace_mode"] == "overlay" and stats["fixed_path"] == "/testbed"
 
 
+def _wheel(name: str, version: str, source: str) -> bytes:
+    """A minimal pure-Python wheel, so pip can install it with no index and no network."""
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    record = []
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, text in files.items():
+            data = text.encode()
+            archive.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{path},sha256={digest.decode()},{len(data)}")
+        record.append(f"{info}/RECORD,,")
+        archive.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return buffer.getvalue()
+
+
 @needs_overlay
-def test_install_into_the_templates_virtualenv_stays_in_the_session(executor_factory, tmp_path,
-                                                                    demo_task):
+def test_pip_install_into_the_templates_virtualenv_stays_in_the_session(executor_factory,
+                                                                        demo_task):
     executor = executor_factory()
-    setup = ["python -m venv --without-pip .venv"]
+    setup = ["python -m venv .venv"]  # with pip (ensurepip, offline)
     body = {"repo": demo_task.repo, "base_commit": demo_task.base_commit, "setup": setup,
             "env": FAST_PYTEST_ENV}
     installer, other = (executor.post("/session/start", json=body).json()["session_id"]
                         for _ in range(2))
+    wheel = _wheel("sneaky", "1.0", "VALUE = 42\n")
+    uploaded = executor.put(f"/session/{installer}/file?path=sneaky-1.0-py3-none-any.whl",
+                            data=wheel)
+    assert uploaded.status_code == 200
     installed = _exec(executor, installer, (
-        "site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
-        " && echo 'VALUE = 42' > $site/sneaky.py && .venv/bin/python -c 'import sneaky'"
-        " && echo installed; echo $site"))
-    assert installed["output"].startswith("installed\n/testbed/.venv/")  # baked at the fixed path
+        ".venv/bin/pip install --no-index --quiet ./sneaky-1.0-py3-none-any.whl"
+        " && rm sneaky-1.0-py3-none-any.whl && .venv/bin/python -c 'import sneaky, sys;"
+        " print(sneaky.VALUE, sneaky.__file__)'"), timeout=120)
+    assert installed["exit_code"] == 0, installed["output"]
+    assert installed["output"].startswith("42 /testbed/.venv/")  # baked at the fixed path
     probe = ".venv/bin/python -c 'import sneaky' 2>&1 | tail -1"
     assert "No module named 'sneaky'" in _exec(executor, other, probe)["output"]
-    # Grading the installer's work runs on the template, not on the session's tree.
+    # The install is environment, not the agent's patch: grading never sees it.
     patch = _finish(executor, installer, demo_task)["patch"]
-    assert ".venv" not in patch  # setup's artifacts are environment, not the agent's patch
+    assert ".venv" not in patch and "sneaky" not in patch
 
 
 @needs_overlay
@@ -254,7 +286,7 @@ def test_mirrors_are_evicted_under_their_budget_but_never_when_pinned(tmp_path):
     cache = MirrorCache(tmp_path / "mirrors", budget_bytes=1)
     pinned, _ = cache.resolve(str(repos[0]), commits[0])
     cache.pin(pinned)
-    for repo, commit in zip(repos[1:], commits[1:]):
+    for repo, commit in zip(repos[1:], commits[1:], strict=True):
         cache.resolve(str(repo), commit)
     assert cache.stats()["mirrors"] == 3  # all used within the last minute: none evicted yet
     removed = cache.evict(recent_s=0)
