@@ -162,8 +162,14 @@ class TaskSpec(GradingSpec):
 class PhaseTimings(_Response):
     """Seconds spent in each phase of a grading."""
 
-    checkout: float = Field(default=0.0, description="Mirror fetch and working tree creation.")
-    setup: float = Field(default=0.0, description="Setup commands.")
+    checkout: float = Field(
+        default=0.0,
+        description="Mirror fetch and working tree creation (including a template's first "
+        "build and its setup).",
+    )
+    setup: float = Field(
+        default=0.0, description="Setup commands run for this task alone (git-clone mode)."
+    )
     apply: float = Field(default=0.0, description="Agent patch and test patch application.")
     tests: float = Field(default=0.0, description="Test command.")
     cleanup: float = Field(default=0.0, description="Working tree removal.")

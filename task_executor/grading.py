@@ -149,7 +149,9 @@ class Grader:
         try:
             mark = time.monotonic()
             workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
-            phases.checkout = time.monotonic() - mark
+            # Setup runs inside create: per workspace in git-clone mode, once per template else.
+            phases.setup = workspace.setup_s
+            phases.checkout = time.monotonic() - mark - workspace.setup_s
             self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]

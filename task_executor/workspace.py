@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ class Workspace:
     layers: list[Path] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)
     """Paths setup created or changed: environment, never part of a captured patch."""
+    setup_s: float = 0.0
+    """Seconds this workspace's own setup took (0 when a prepared template carried it)."""
     destroyed: bool = False
 
     @property
@@ -232,8 +235,10 @@ class WorkspaceFactory:
             setup_done=snapshot is not None, repo=repo, setup=setup, env=env, factory=self,
         )
         if not workspace.setup_done:
+            started = time.monotonic()
             self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
                            launcher=workspace.launcher(False))
+            workspace.setup_s = time.monotonic() - started
             workspace.setup_done = True
             if setup:
                 workspace.artifacts = setup_artifacts(workspace.path)

@@ -296,3 +296,17 @@ def test_mirrors_are_evicted_under_their_budget_but_never_when_pinned(tmp_path):
     assert cache.evict(recent_s=0) == [pinned]
     # An evicted mirror is simply cloned again on the next request.
     assert cache.resolve(str(repos[1]), commits[1])[1] == commits[1]
+
+
+def test_setup_runs_once_per_template_or_per_task_in_fallback(executor_factory, demo_task):
+    body = {**demo_task.request("setup", demo_task.gold_patch), "setup": ["sleep 0.3"]}
+    fallback = executor_factory(workspace_mode="git-clone")
+    for name in ("a", "b"):
+        result = fallback.submit({**body, "task_id": name}).json()
+        assert result["status"] == "resolved" and result["phases"]["setup"] >= 0.3
+    if CAPS.overlay and CAPS.mount_namespace:
+        fast = executor_factory()
+        first = fast.submit({**body, "task_id": "a"}).json()
+        second = fast.submit({**body, "task_id": "b"}).json()
+        assert first["phases"]["checkout"] >= 0.3  # the template's build, setup included
+        assert second["phases"]["setup"] == 0 and second["phases"]["checkout"] < 0.3
