@@ -58,7 +58,8 @@ class PodSettings:
     task_base_dir: str = "/var/lib/dockyard"
     run_as_user: int | None = None
     """Run the executor as this uid (None: the image's user)."""
-    termination_grace_s: int = 5
+    # The executor drains for DOCKYARD_SHUTDOWN_GRACE (30 s) on SIGTERM, then cleans up.
+    termination_grace_s: int = 45
     """The executor holds nothing worth flushing; a short grace makes deletes confirm quickly."""
 
 
