@@ -102,8 +102,12 @@ def _provision(args: argparse.Namespace) -> int:
             print(f"detached; remove with: dockyard-provision reap --job {args.job}",
                   file=sys.stderr)
             return 0
-        # Hold the pods until SIGTERM/SIGINT, which unwinds through the drain.
-        threading.Event().wait()
+        # Hold the pods until SIGTERM/SIGINT, which unwinds through the drain. Wake up now and
+        # then: the kernel may deliver the signal to a worker thread, and Python runs handlers
+        # only when the main thread gets back to its loop (an endless wait would never return).
+        forever = threading.Event()
+        while not forever.wait(0.2):
+            pass
     return 0  # pragma: no cover - the wait above ends only by a signal
 
 
