@@ -5,7 +5,6 @@
     ├── Unauthorized              401 unauthorized
     ├── NotFound                  404 not_found
     ├── Conflict                  409 conflict
-    ├── PayloadTooLarge           413 payload_too_large
     ├── OverCapacity              429 over_capacity (carries Retry-After)
     │   └── ShuttingDown          503 shutting_down: draining before exit, no new work taken
     └── RepoError                 400 unknown_repo / unknown_commit
@@ -63,11 +62,6 @@ class Conflict(ExecutorError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
-
-
-class PayloadTooLarge(ExecutorError):
-    code = "payload_too_large"
-    http_status = 413
 
 
 class OverCapacity(ExecutorError):

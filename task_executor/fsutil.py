@@ -83,6 +83,3 @@ def disk_usage(path: Path) -> int:
     except (IndexError, ValueError):
         return 0
 
-
-def is_mount_point(path: Path) -> bool:
-    return os.path.ismount(path)

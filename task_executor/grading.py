@@ -208,9 +208,10 @@ class Grader:
         except PatchFailed as exc:
             raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
         # Files git wrote belong to root; code under test may run as an unprivileged uid.
-        workspace.factory.hand_over_paths(
-            workspace, touched_paths(job.patch) | touched_paths(job.spec.test_patch)
-        )
+        if workspace.factory.sandbox.run_as is not None:
+            workspace.factory.hand_over_paths(
+                workspace, touched_paths(job.patch) | touched_paths(job.spec.test_patch)
+            )
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)

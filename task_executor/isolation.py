@@ -33,10 +33,6 @@ class Capabilities:
     network_namespace: bool
     reflink: bool
 
-    @property
-    def fixed_path(self) -> bool:
-        return self.mount_namespace
-
 
 def _quiet(argv: list[str], timeout: float = 10) -> bool:
     try:

@@ -19,11 +19,10 @@ _BAD = ("FAILED", "ERROR")
 
 @dataclass
 class ReportedTests:
-    """What the reporter saw: per-test states, name aliases, and whether the session finished."""
+    """What the reporter saw: per-test states and the names they may be asked for by."""
 
     states: dict[str, TestState] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
-    session_exit: int | None = None
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -88,11 +87,6 @@ def read_report(path: Path) -> ReportedTests:
                     run.states[test_id] = state
                 for alias in record.get("aliases") or []:
                     run.aliases.setdefault(str(alias), test_id)
-            elif kind == "session":
-                try:
-                    run.session_exit = int(record.get("exitstatus"))
-                except (TypeError, ValueError):
-                    continue
     for test_id, by_phase in phases.items():
         run.states[test_id] = _pytest_state(by_phase)
     return run

@@ -197,10 +197,11 @@ class SessionManager:
             tree = session.workspace.path
             requested = self._tree_path(session, path)
             written = write_file(tree, requested, data)
-            target = resolve_inside(tree, requested)
-            self.workspaces.hand_over_paths(
-                session.workspace, [str(target.relative_to(os.path.realpath(tree)))]
-            )
+            if self.workspaces.sandbox.run_as is not None:
+                target = resolve_inside(tree, requested)
+                self.workspaces.hand_over_paths(
+                    session.workspace, [str(target.relative_to(os.path.realpath(tree)))]
+                )
             return written
 
     @staticmethod

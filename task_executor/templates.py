@@ -2,8 +2,8 @@
 
 A template is keyed by (repository, commit, setup commands). The first request for a key builds
 it; concurrent requests for the same key wait for that one build instead of starting their own.
-Workspaces hold a lease on their template, and eviction (least recently used, under a disk budget)
-never removes a template that is leased.
+Workspaces hold their template (``acquire`` / ``release``), and eviction (least recently used,
+under a disk budget) never removes a template that is held.
 
 Setup runs with the template mounted at the fixed path (in fast mode), so absolute paths that
 setup bakes in (editable installs, virtualenv scripts) are the paths every workspace sees later.
@@ -17,8 +17,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,17 +76,6 @@ class TemplateCache:
         # Templates from an earlier run are not trusted: their build may have been cut short.
         for leftover in root.iterdir():
             remove_tree(leftover)
-
-    @contextmanager
-    def lease(
-        self, repo: str, commit: str, setup: list[str], env: dict[str, str]
-    ) -> Iterator[Template]:
-        """A ready template for the key, held (not evictable) until the block ends."""
-        template = self.acquire(repo, commit, setup, env)
-        try:
-            yield template
-        finally:
-            self.release(template)
 
     def acquire(self, repo: str, commit: str, setup: list[str], env: dict[str, str]) -> Template:
         mirror, sha = self.mirrors.resolve(repo, commit)

@@ -50,10 +50,9 @@ class SetupFailed(ExecutorError):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A read-only capture of a workspace: its changes (``layer``) or its whole tree."""
+    """A read-only capture of a workspace: its changes (overlay mode) or its whole tree."""
 
     path: Path
-    is_layer: bool
     size_bytes: int
 
 
@@ -292,9 +291,9 @@ class WorkspaceFactory:
                 _overlay_copy(workspace.root / "upper", target)
             else:
                 copy_tree(workspace.root / "upper", target, self.capabilities.reflink)
-            return Snapshot(path=target, is_layer=True, size_bytes=_size(target))
+            return Snapshot(path=target, size_bytes=_size(target))
         copy_tree(workspace.path, target, self.capabilities.reflink)
-        return Snapshot(path=target, is_layer=False, size_bytes=_size(target))
+        return Snapshot(path=target, size_bytes=_size(target))
 
     # ------------------------------------------------------------------ setup
 

@@ -90,9 +90,6 @@ except ImportError:  # no pytest in this interpreter: the unittest hooks below s
     pass
 
 
-def pytest_sessionfinish(session, exitstatus):
-    record(kind="session", exitstatus=int(exitstatus))
-
 
 # ----------------------------------------------------------------------------- unittest hooks
 
