@@ -4,9 +4,14 @@
 :data:`~task_executor.syntax.CHECK_PREFIX`), then one control line (:func:`run_line`) on the
 shell's stdin. The line makes the shell read the text, check it (:mod:`task_executor.syntax`),
 ``eval`` it at top level (so ``cd``, assignments, ``export`` and function definitions persist)
-with stdin ``/dev/null`` and the protocol's fds closed, save a snapshot of its state
-(``declare -p``, ``declare -f``, ``alias -p``, ``shopt -p``) into a second memfd, and write the
-frame. :func:`bootstrap_script` defines the shell functions this needs; :func:`restore_line`
+with stdin ``/dev/null`` and the protocol's fds closed, write the frame, and only then save a
+snapshot of its state (``declare -p``, ``declare -f``, ``alias -p``, ``shopt -p``): the answer
+goes out while the shell writes the snapshot, and the next control line waits in the pipe until
+it is done. Snapshots alternate between two memfds and end with a numbered line
+(:data:`STATE_END`), so a shell killed halfway through one (a forged frame is answered with a
+kill at once) leaves the previous snapshot whole; :func:`latest_state` picks the newest complete
+one.
+:func:`bootstrap_script` defines the shell functions this needs; :func:`restore_line`
 makes a fresh shell ``source`` a saved snapshot.
 
 **Out.** After each command the shell writes one line to a pipe of its own (never the command's
@@ -43,6 +48,10 @@ FrameKind = Literal["ran", "refused", "ready"]
 
 FRAME_PRINTF = "DY1 %s %s %s END\\n"
 """The ``printf`` format the shell writes a frame with: nonce, kind, status."""
+
+STATE_END_PRINTF = "# dockyard-state %s\\n"
+"""The last line of a complete state snapshot (a comment, numbered: later is larger)."""
+_STATE_END = re.compile(rb"# dockyard-state ([0-9]{1,18})\n\Z")
 
 MAX_FRAME_BYTES = 128
 _KINDS: dict[bytes, FrameKind] = {b"ran": "ran", b"refused": "refused", b"ready": "ready"}
@@ -131,11 +140,16 @@ class ShellFds:
     """Write end of the status pipe."""
     command: int
     """Memfd holding the check prefix and the command (or a state to restore)."""
-    snapshot: int
-    """Memfd the shell saves its state into after each command."""
+    snapshots: tuple[int, int]
+    """Memfds the shell saves its state into after each command, in turn."""
+    messages: int
+    """Memfd the syntax check writes bash's messages into."""
 
     def assign(self) -> str:
-        return f"__dy_sfd={self.status} __dy_cfd={self.command} __dy_pfd={self.snapshot}\n"
+        return (
+            f"__dy_sfd={self.status} __dy_cfd={self.command} __dy_mfd={self.messages}"
+            f" __dy_pfd=({self.snapshots[0]} {self.snapshots[1]})\n"
+        )
 
 
 # Builtins are called through `builtin` so that agent functions named printf, read... cannot
@@ -146,7 +160,7 @@ __dy_ret() { return "$1"; }
 __dy_pre() {
   IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd
   __dy_cmd=${__dy_cmd#*$'\n'}
-  if ! __dy_check "/proc/self/fd/$__dy_cfd"; then
+  if ! __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd"; then
     __dy_rc=2
     builtin printf '@FRAME@' "$1" refused 2 >&"$__dy_sfd"
     return 1
@@ -157,18 +171,20 @@ __dy_pre() {
 }
 __dy_post() {
   __dy_rc=$1 __dy_cmd= __dy_msg=
-  { builtin declare -p; builtin declare -f; builtin alias -p; builtin shopt -p
-  } >|"/proc/self/fd/$__dy_pfd" || builtin true
   builtin printf '@FRAME@' "$2" ran "$1" >&"$__dy_sfd"
+  (( ++__dy_seq )) || builtin true
+  { builtin declare -p; builtin declare -f; builtin alias -p; builtin shopt -p
+    builtin printf '@STATE_END@' "$__dy_seq"
+  } >|"/proc/self/fd/${__dy_pfd[__dy_seq % 2]}" || builtin true
 }
 __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
-""".replace("@FRAME@", FRAME_PRINTF)
+""".replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
 
 
 def bootstrap_script(fds: ShellFds) -> str:
     """What a fresh shell reads first: options, the protocol's functions, the fd numbers."""
     return (
-        "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0\n"
+        "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0 __dy_seq=0\n"
         + CHECK_FUNCTION
         + _FUNCTIONS
         + fds.assign()
@@ -179,7 +195,10 @@ def bootstrap_script(fds: ShellFds) -> str:
 # the protocol's own steps out of a `set -x` trace.
 def run_line(nonce: str, fds: ShellFds) -> str:
     """Check and run the command in the command memfd; frame its status."""
-    closed = f"{fds.status}>&- {fds.command}>&- {fds.snapshot}>&- </dev/null"
+    closed = " ".join(
+        f"{fd}>&-" for fd in (fds.status, fds.command, *fds.snapshots, fds.messages)
+    )
+    closed += " </dev/null"
     return (
         f'{{ \\__dy_pre {nonce}; }} 2>/dev/null && {{ {{ \\__dy_ret "$__dy_rc"; }} 2>/dev/null; '
         f'\\eval "$__dy_cmd" {closed}; {{ \\__dy_post "$?" {nonce}; }} 2>/dev/null; }}\n'
@@ -189,6 +208,16 @@ def run_line(nonce: str, fds: ShellFds) -> str:
 def ping_line(nonce: str) -> str:
     """Answer with a ``ready`` frame."""
     return f"{{ \\__dy_ping {nonce}; }} 2>/dev/null\n"
+
+
+def latest_state(snapshots: list[bytes]) -> bytes:
+    """The newest complete snapshot among ``snapshots`` (b"" if none is complete)."""
+    best, best_seq = b"", -1
+    for state in snapshots:
+        end = _STATE_END.search(state[-64:])
+        if end is not None and int(end.group(1)) > best_seq:
+            best, best_seq = state, int(end.group(1))
+    return best
 
 
 def restore_line(fds: ShellFds) -> str:

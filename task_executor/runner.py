@@ -35,8 +35,11 @@ Known limits. The shell is non-interactive: under ``set -u`` an unset variable, 
 runtime messages number lines of the shell's whole input ("bash: line 57: ..."); the syntax
 check's messages use the command's own line numbers. A frame that the shell never writes while
 it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an agent function
-named ``builtin``) is seen as a timeout, and then recovered. Children that both scrub their
-environment and ``setsid`` escape the sweep (see :mod:`task_executor.reaper`).
+named ``builtin`` that does not pass its arguments on; an agent function named ``local``, which
+leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered (with the
+function, which the snapshot keeps). Children that both scrub their environment and ``setsid``
+escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it writes a snapshot
+leaves the one before it (:func:`~task_executor.framing.latest_state`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from task_executor.framing import (
     FrameParser,
     ShellFds,
     bootstrap_script,
+    latest_state,
     ping_line,
     restore_line,
     run_line,
@@ -146,13 +150,17 @@ class ShellSession:
         self._out_r, self._out_w = out_r, out_w
         self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
         self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
-        self._snap_fd = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
+        self._snap_fds = tuple(
+            _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC)) for _ in range(2)
+        )
+        self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
         try:
             if restore is None:
                 self._shell = self._spawn(cwd)
             else:
                 state, start_dir = restore
-                os.pwrite(self._snap_fd, state, 0)
+                for fd in self._snap_fds:  # in both: the first new snapshot overwrites one
+                    os.pwrite(fd, state, 0)
                 go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
                 self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
         except BaseException:
@@ -200,19 +208,7 @@ class ShellSession:
         if not self._lock.acquire(blocking=False):
             return self._shell_running()
         try:
-            if self._closed or self._shell is None or not self._shell_running():
-                return False
-            nonce = secrets.token_hex(16)
-            deadline = time.monotonic() + within
-            try:
-                self._send(ping_line(nonce))
-                frame = self._await_frame(nonce, None, deadline)
-            except (_ShellGone, FrameError):
-                frame = None
-            if frame is None or frame.kind != "ready":
-                self._suspect = True
-                return False
-            return True
+            return self._ping(within)
         finally:
             self._lock.release()
 
@@ -224,14 +220,16 @@ class ShellSession:
         """The shell state as of the last completed command (variables, exports, functions,
         aliases, shopt), in the form ``restore`` takes."""
         with self._lock:
-            return _read_all(self._snap_fd)
+            self._ping(within=2.0)  # answered once the last command's snapshot is written
+            return self._latest_state()
 
     def restart(self, cwd: str | None = None) -> None:
         """Kill every process of the session and start a fresh shell; all state is lost."""
         with self._lock:
             self._check_open()
             self._kill_everything()
-            os.ftruncate(self._snap_fd, 0)
+            for fd in self._snap_fds:
+                os.ftruncate(fd, 0)
             self._drain(None, self._pipe_size * 4)
             self._sids.clear()
             self._suspect = False
@@ -301,6 +299,21 @@ class ShellSession:
             timed_out=timed_out,
             error=error,
         )
+
+    def _ping(self, within: float) -> bool:
+        """Under the lock: whether the shell answers a ping in time; if not, it is suspect."""
+        if self._closed or self._shell is None or not self._shell_running():
+            return False
+        nonce = secrets.token_hex(16)
+        try:
+            self._send(ping_line(nonce))
+            frame = self._await_frame(nonce, None, time.monotonic() + within)
+        except (_ShellGone, FrameError):
+            frame = None
+        if frame is None or frame.kind != "ready":
+            self._suspect = True
+            return False
+        return True
 
     def _exit_report(self, shell: _Shell) -> tuple[int | None, str]:
         """The exit status and error text for a shell that died during a command."""
@@ -389,7 +402,7 @@ class ShellSession:
                 stderr=self._out_w,
                 cwd=cwd,
                 env=self._env,
-                pass_fds=(child_w, self._cmd_fd, self._snap_fd),
+                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd),
                 start_new_session=True,
             )
         except BaseException:
@@ -435,7 +448,7 @@ class ShellSession:
             grace=KILL_GRACE_S,
         )
         self._drain(out, self._pipe_size)
-        snapshot = _read_all(self._snap_fd)
+        snapshot = self._latest_state()
         if cwd is not None:
             go = b"builtin cd -- " + shlex.quote(cwd).encode("utf-8", "surrogateescape")
         else:
@@ -480,14 +493,22 @@ class ShellSession:
         return path.removesuffix(" (deleted)")
 
     def _fds(self, shell: _Shell) -> ShellFds:
-        return ShellFds(status=shell.status_w, command=self._cmd_fd, snapshot=self._snap_fd)
+        return ShellFds(
+            status=shell.status_w,
+            command=self._cmd_fd,
+            snapshots=self._snap_fds,
+            messages=self._msg_fd,
+        )
+
+    def _latest_state(self) -> bytes:
+        return latest_state([_read_all(fd) for fd in self._snap_fds])
 
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed("the shell session is closed")
 
     def _close_fds(self) -> None:
-        for fd in (self._out_r, self._out_w, self._cmd_fd, self._snap_fd):
+        for fd in (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd):
             try:
                 os.close(fd)
             except OSError:

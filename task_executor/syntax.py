@@ -5,14 +5,22 @@ Unterminated input (a heredoc without its terminator, an open quote or ``$(``, a
 the 300 s timeout (Sandman table A26). Now each command is first parsed without being run, and
 refused with bash's own message and exit status 2 if bash cannot parse all of it.
 
-How it parses without running: the command is stored after a first line ``set -n``
-(:data:`CHECK_PREFIX`) and a forked subshell ``source``-s that file. ``source`` parses and runs a
-file one command at a time; the first, ``set -n``, switches execution off, so every later command
-is only parsed (exactly what ``bash -n`` does to a script; ``set -n`` cannot be switched off
-again, hence the subshell). The subshell is a fork of the session's shell, so its aliases and
-``shopt`` settings (``extglob``) parse the command as the real run will; it costs one fork, not a
-new ``bash``. ``source`` (unlike ``eval``) numbers lines from the start of the file, so bash's
-messages can be given the command's own line numbers.
+How it parses without running, and without a fork: the command is stored after a first line
+``builtin set -n`` (:data:`CHECK_PREFIX`), and a shell function ``source``-s that file. ``source``
+parses and runs a file one command at a time; the first, ``set -n``, switches execution off, so
+every later command is only parsed (exactly what ``bash -n`` does to a script). ``set -n`` cannot
+be switched off by a command (none runs any more), but the function declared ``local -``, which
+makes bash put every ``set`` option back as it was when the function returns. So the check runs
+in the session's own shell: its aliases and ``shopt`` settings (``extglob``) parse the command as
+the real run will, and it costs tens of microseconds where a forked subshell cost most of a
+millisecond. ``source`` (unlike ``eval``) numbers lines from the start of the file, so bash's
+messages can be given the command's own line numbers. Nothing after ``source`` in that function
+would run either (``set -n`` is still on until it returns), so the function does nothing else;
+bash's messages go to a second file that the caller reads. (The function also switches off
+tracing, which would write into that file, and POSIX mode, in which a syntax error in a sourced
+file ends a non-interactive shell.) ``local -`` is written without ``builtin``: ``local -`` run
+from inside an agent's function named ``builtin`` would make the options local to *that*
+function, and ``set -n`` would stay on in the session's shell.
 
 bash only *warns* about a here-document delimited by end of file and exits 0; that warning is a
 refusal too, since the heredoc would otherwise have swallowed the rest of the command.
@@ -31,24 +39,28 @@ import subprocess
 REFUSED_STATUS = 2
 """Exit status reported for a refused command (bash's own status for a syntax error)."""
 
-CHECK_PREFIX = "set -n\n"
+CHECK_PREFIX = "builtin set -n\n"
 """One line written before the command in the file ``__dy_check`` reads (the session strips
 it, through the first newline, before running the command)."""
 
 CHECK_FUNCTION = r"""
+__dy_parse() { { local -; builtin set +xv +o posix; } 2>/dev/null; builtin source "$1"; }
 __dy_check() {
-  __dy_msg=$({ builtin set +x; } 2>/dev/null; builtin source "$1" 2>&1) && __dy_chk=0 || __dy_chk=$?
+  __dy_parse "$1" 2>"$2" && __dy_chk=0 || __dy_chk=$?
+  __dy_msg=
+  [[ ! -s $2 ]] || IFS= builtin read -r -d '' __dy_msg <"$2" || builtin true
   if [[ $__dy_chk != 0 || $__dy_msg == *'delimited by end-of-file'* ]]; then
-    builtin printf '%s\n%s\n' "$__dy_msg" \
+    builtin printf '%s\n%s\n' "${__dy_msg%$'\n'}" \
       'dockyard: not run: bash cannot parse the whole command'
     return 2
   fi
-  [[ -z $__dy_msg ]] || builtin printf '%s\n' "$__dy_msg"
+  [[ -z $__dy_msg ]] || builtin printf '%s' "$__dy_msg"
   return 0
 }
 """
-"""Defines ``__dy_check FILE``: FILE holds :data:`CHECK_PREFIX` then the command; prints bash's
-message and returns 2 when bash refuses the command."""
+"""Defines ``__dy_check FILE MESSAGES``: FILE holds :data:`CHECK_PREFIX` then the command,
+MESSAGES is a file bash's messages are written to; prints them, and returns 2 when bash refuses
+the command."""
 
 _MESSAGE = re.compile(
     r"^/proc/self/fd/\d+: line (\d+): (?:(warning: here-document at line )(\d+))?", re.MULTILINE
@@ -71,19 +83,21 @@ def tidy_message(text: str) -> str:
 def check_syntax(command: str, bash: str = "bash", timeout: float = 10.0) -> str | None:
     """Check ``command`` in a one-off bash; return bash's message if refused, else None."""
     fd = os.memfd_create("dockyard-check")
+    messages = os.memfd_create("dockyard-check-messages")
     try:
         os.write(fd, (CHECK_PREFIX + command).encode("utf-8", "surrogateescape"))
-        script = CHECK_FUNCTION + f"__dy_check /proc/self/fd/{fd}\n"
+        script = CHECK_FUNCTION + f"__dy_check /proc/self/fd/{fd} /proc/self/fd/{messages}\n"
         proc = subprocess.run(
             [bash, "--noprofile", "--norc", "-c", script],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout,
-            pass_fds=(fd,),
+            pass_fds=(fd, messages),
             env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
         )
     finally:
         os.close(fd)
+        os.close(messages)
     if proc.returncode == 0:
         return None
     return tidy_message(proc.stdout.decode("utf-8", errors="replace"))

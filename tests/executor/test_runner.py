@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.framing import Frame, FrameParser, IncompleteFrame, InvalidFrame
+from task_executor.framing import (
+    Frame,
+    FrameParser,
+    IncompleteFrame,
+    InvalidFrame,
+    latest_state,
+)
 from task_executor.runner import SessionClosed, ShellSession
 from task_executor.syntax import check_syntax
 from tests.processes import alive
@@ -427,6 +433,37 @@ def test_a26_check_runs_nothing_and_reports_line_numbers(
     assert not (tmp_path / "ran.txt").exists()
 
 
+def test_a26_check_runs_in_the_shell_without_forking(shell: ShellSession) -> None:
+    # The check parses inside the session's own shell; `set -n` never outlives it, the agent's
+    # options are kept, and a syntax error in POSIX mode does not end the shell.
+    shell.run("set -o posix; set -u")
+    first = shell.pid
+    assert shell.run("echo 'open").exit_code == 2  # in POSIX mode this would end a `source`r
+    assert shell.run("echo 'closed'").output == "closed\n"
+    assert shell.pid == first  # neither command needed a recovery
+    assert shell.run("echo $-; shopt -o posix | tr -s ' \t' ' '").output == "hmuBs\nposix on\n"
+
+
+def test_a26_check_does_not_fork_per_command(shell: ShellSession, tmp_path: Path) -> None:
+    # The kernel hands out pids in sequence: the gap between the pids of two children started
+    # before and after 100 builtin-only commands counts the forks in between (plus whatever
+    # else the machine started meanwhile). A fork per check would make it at least 100.
+    before = int(shell.run("sh -c 'echo $$'").output)
+    for _ in range(50):
+        assert shell.run("x=1; y='two words'").exit_code == 0
+        assert shell.run("echo 'open").exit_code == 2
+    after = int(shell.run("sh -c 'echo $$'").output)
+    assert 0 < after - before < 50
+
+
+def test_a26_an_agent_function_named_builtin_does_not_leave_the_shell_parsing_only(
+    shell: ShellSession,
+) -> None:
+    shell.run('builtin() { command builtin "$@"; }')
+    assert shell.run("echo 'open").exit_code == 2
+    assert shell.run("echo after").output == "after\n"
+
+
 def test_a26_one_off_check() -> None:
     assert check_syntax("echo hi") is None
     message = check_syntax("cat <<EOF\nabc")
@@ -501,6 +538,22 @@ def test_check_alive_on_a_busy_shell_reports_the_process(
     time.sleep(0.3)
     assert shell.check_alive(within=0.1)
     worker.join()
+
+
+def test_saved_state_waits_for_the_last_commands_snapshot(shell: ShellSession) -> None:
+    # The frame is answered before the snapshot is written; a big state takes a while to write.
+    shell.run("for i in {1..3000}; do declare v$i=$i; done")
+    shell.run("LAST=yes")
+    state = shell.saved_state()
+    assert b'LAST="yes"' in state and b'v3000="3000"' in state
+
+
+def test_latest_state_is_the_newest_complete_snapshot() -> None:
+    older, newer = b"x=1\n# dockyard-state 7\n", b"x=2\n# dockyard-state 8\n"
+    cut_off = b"x=3\ndeclare -- y="  # the shell was killed while writing snapshot 9
+    assert latest_state([older, newer]) == latest_state([newer, older]) == newer
+    assert latest_state([cut_off, newer]) == newer
+    assert latest_state([b"", b""]) == b""
 
 
 def test_restart_loses_state_and_changes_directory(shell: ShellSession, tmp_path: Path) -> None:
