@@ -6,10 +6,11 @@ What is counted where:
   route label is the URL rule (``/session/<session_id>/exec``), never the raw path, so session ids
   cannot explode the label set;
 * gradings by final status and source (``submit`` or ``finish``), their duration and per-phase
-  durations -- ``observe_grading`` for submits (called by the route, which alone knows whether the
-  verdict was graded or replayed from the idempotency registry), and the answer of ``finish``;
-* session commands, their timeouts and truncated outputs -- read from the ``exec`` answer, so the
-  session routes need no metrics code;
+  durations -- ``observe_grading``, called by the routes (the submit route alone knows whether
+  the verdict was graded or replayed from the idempotency registry);
+* session commands, their timeouts and truncated outputs -- ``observe_exec``, called by the
+  ``exec`` route with the result it answers (not parsed back from the answer's JSON: ``exec`` is
+  the hot path);
 * live state (tasks running, sessions, capacities, draining, processes the reaper killed,
   template cache hits, misses and disk) -- read at scrape time by a collector, so it can never
   drift from the truth.
@@ -35,9 +36,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
-from pydantic import ValidationError
 
-from sandbox_client.protocol import ExecResult, FinishResult, TaskResult
+from sandbox_client.protocol import ExecResult, TaskResult
 
 from . import reaper
 from .requestlog import elapsed
@@ -205,22 +205,6 @@ def _template_stats(services: Services) -> dict[str, float] | None:
 # -- wiring into the app ---------------------------------------------------------------------
 
 
-def _observe_exec_answer(metrics: ExecutorMetrics, answer: Any) -> None:
-    metrics.observe_exec(ExecResult.model_validate(answer))
-
-
-def _observe_finish_answer(metrics: ExecutorMetrics, answer: Any) -> None:
-    metrics.observe_grading(FinishResult.model_validate(answer).result, "finish")
-
-
-# Calls whose successful answers are counted from their body, by method and URL rule (the
-# method matters: Flask answers OPTIONS on the same rule itself, with an empty body).
-_ANSWER_OBSERVERS: dict[tuple[str, str], Callable[[ExecutorMetrics, Any], None]] = {
-    ("POST", "/session/<session_id>/exec"): _observe_exec_answer,
-    ("POST", "/session/<session_id>/finish"): _observe_finish_answer,
-}
-
-
 def install(
     app: Flask, services: Services, extra_state: Callable[[], dict[str, float]] = dict
 ) -> ExecutorMetrics:
@@ -239,12 +223,6 @@ def install(
     def count_request(response: Response) -> Response:
         route = request.url_rule.rule if request.url_rule is not None else UNMATCHED_ROUTE
         metrics.observe_request(request.method, route, response.status_code, elapsed())
-        observer = _ANSWER_OBSERVERS.get((request.method, route))
-        if observer is not None and response.status_code == 200:
-            try:
-                observer(metrics, response.get_json(silent=True))
-            except ValidationError:
-                log.warning("answer of %s did not parse; not counted in metrics", route)
         return response
 
     app.register_blueprint(blueprint)
@@ -256,6 +234,13 @@ def observe_grading(result: TaskResult, source: str = "submit") -> None:
     metrics = current_app.extensions.get(EXTENSION)
     if metrics is not None:
         metrics.observe_grading(result, source)
+
+
+def observe_exec(result: ExecResult) -> None:
+    """Count a session command the current request ran (a no-op in an app without metrics)."""
+    metrics = current_app.extensions.get(EXTENSION)
+    if metrics is not None:
+        metrics.observe_exec(result)
 
 
 @blueprint.get("/metrics")

@@ -14,6 +14,7 @@ from sandbox_client.protocol import (
 )
 
 from ..errors import InvalidRequest
+from ..metrics import observe_exec, observe_grading
 from .bodies import parse_body
 
 blueprint = Blueprint("session", __name__, url_prefix="/session")
@@ -39,7 +40,9 @@ def start() -> dict:
 @blueprint.post("/<session_id>/exec")
 def exec_command(session_id: str) -> dict:
     body = parse_body(ExecRequest)
-    return _services().sessions.exec(session_id, body.command, body.timeout).model_dump(mode="json")
+    result = _services().sessions.exec(session_id, body.command, body.timeout)
+    observe_exec(result)
+    return result.model_dump(mode="json")
 
 
 @blueprint.get("/<session_id>/file")
@@ -85,7 +88,9 @@ def finish(session_id: str) -> dict:
     spec = parse_body(FinishSpec)
     services = _services()
     with services.task_slots.hold():
-        return services.sessions.finish(session_id, spec).model_dump(mode="json")
+        finished = services.sessions.finish(session_id, spec)
+    observe_grading(finished.result, "finish")
+    return finished.model_dump(mode="json")
 
 
 @blueprint.delete("/<session_id>")
