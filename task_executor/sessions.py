@@ -186,7 +186,12 @@ class SessionManager:
 
     def exec(self, session_id: str, command: str, timeout: float | None) -> ExecResult:
         with self._using(session_id) as session:
-            return session.shell.run(command, timeout=timeout)
+            result = session.shell.run(command, timeout=timeout)
+        if result.timed_out:
+            log.info("session %s: command timed out after %.1fs", session_id, result.duration_s)
+        elif result.error is not None:
+            log.warning("session %s: %s", session_id, result.error)
+        return result
 
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:

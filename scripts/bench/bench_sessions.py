@@ -2,8 +2,13 @@
 
 Against a real executor (and ``swerex-remote``) started as subprocesses on 127.0.0.1, measures:
 ``echo hi`` round-trip latency through HTTP in a live session, p50/p90/p99 over ``--calls`` calls
-after 20 warm-ups, both systems alternating in ``--blocks`` interleaved blocks so machine noise
-hits both alike (Dockyard's syntax check is always on; SWE-ReX runs with ``check: "silent"``);
+after 20 warm-ups, every system x client pair alternating in ``--blocks`` interleaved blocks so
+machine noise hits all alike (Dockyard's syntax check is always on; SWE-ReX runs with
+``check: "silent"``). Each server is timed through two HTTP clients, each on one kept-alive
+connection: ``http.client`` (the standard library's, the thinnest Python client: what the
+servers cost) and ``requests`` (what most Python callers use; it adds about 0.7 ms a call on this
+machine, to both servers alike), and Dockyard also through the trainer's own
+``RemoteSession.exec`` (``requests`` plus the protocol models);
 session start time (median of ``--starts`` start + close cycles); executor memory per idle
 session at ``--sessions`` sessions (VmRSS of the executor, and of executor + shells: RSS sum and
 the shells' PSS), then RSS and children left after deleting them all; and a 16 MiB output
@@ -21,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -44,12 +51,15 @@ from procfs import descendants  # beside this script
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from sandbox_client import RemoteSession, SandboxClient  # noqa: E402
 from task_executor.lifecycle import unmount_under  # noqa: E402
 
 ECHO = "echo hi"
+CLIENTS = ("http.client", "requests")
 FLOOD = "head -c 16777216 /dev/zero | tr '\\0' 'a'"
 WARMUP = 20
-Run = Callable[[], requests.Response]
+Run = Callable[[], dict[str, Any]]
+"""One ``echo hi`` call; returns the answer's JSON (``exit_code``, ``output``)."""
 
 
 def pct(values: list[float], p: float) -> float:
@@ -88,6 +98,30 @@ def check(reply: requests.Response) -> requests.Response:
     return reply
 
 
+class RawHTTP:
+    """POSTs JSON over one kept-alive ``http.client`` connection.
+
+    A connection the server closed while idle (uvicorn, under SWE-ReX, drops them after 5 s) is
+    reopened before the call, inside its timing, as ``requests`` (urllib3) does.
+    """
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        sock = self.conn.sock
+        if sock is not None and select.select([sock], [], [], 0)[0]:  # readable when idle: EOF
+            self.conn.close()
+        self.conn.request("POST", path, body=json.dumps(body), headers=self.headers)
+        reply = self.conn.getresponse()
+        data = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"{path}: {reply.status} {data[:2000]!r}")
+        return dict(json.loads(data))
+
+
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     result = call()
@@ -100,7 +134,7 @@ def spawn(cmd: list[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
                                 start_new_session=True, **kw)
 
 
-def http() -> requests.Session:
+def http_session() -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     return session
@@ -127,7 +161,7 @@ class Dockyard:
         servers.append(self.proc)
         ready = wait_ready(self.proc, log,
                            lambda: re.search(r"listening on (http://\S+)", log.read_text()))
-        self.url, self.http = ready.group(1), http()
+        self.url, self.http = ready.group(1), http_session()
 
     def start(self, repo: str, commit: str) -> str:
         body = {"repo": repo, "base_commit": commit}
@@ -141,13 +175,23 @@ class Dockyard:
         return self.http.post(f"{self.url}/session/{sid}/exec",
                               json={"command": command, "timeout": timeout}, timeout=timeout + 30)
 
+    def runners(self, sid: str, command: str, remote: RemoteSession) -> dict[str, Run]:
+        """``command`` in session ``sid`` through each client (``remote``: a session of its own
+        opened by the trainer's client)."""
+        raw = RawHTTP(self.url)
+        body = {"command": command, "timeout": 60}
+        return {"http.client": lambda: raw.post(f"/session/{sid}/exec", body),
+                "requests": lambda: check(self.run(sid, command)).json(),
+                "RemoteSession": lambda: remote.exec(command, timeout=60).model_dump()}
+
 
 class SweRex:
     def __init__(self, venv: Path, workdir: Path, servers: list[Any]) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        self.url, self.http, token = f"http://127.0.0.1:{port}", http(), secrets.token_hex(16)
+        self.url, token = f"http://127.0.0.1:{port}", secrets.token_hex(16)
+        self.http = http_session()
         log = workdir / "swerex.out"
         self.proc = spawn([str(venv / "bin" / "swerex-remote"), "--host", "127.0.0.1",
                            "--port", str(port), "--auth-token", token], log, cwd=workdir)
@@ -172,9 +216,19 @@ class SweRex:
 
     def run(self, name: str, command: str, timeout: float = 60) -> requests.Response:
         # Action is a union discriminated by action_type, which must be sent (422 without it).
-        body = {"command": command, "session": name, "action_type": "bash",
+        return self.http.post(f"{self.url}/run_in_session", json=self.body(name, command, timeout),
+                              timeout=timeout + 30)
+
+    @staticmethod
+    def body(name: str, command: str, timeout: float = 60) -> dict[str, Any]:
+        return {"command": command, "session": name, "action_type": "bash",
                 "check": "silent", "timeout": timeout}
-        return self.http.post(f"{self.url}/run_in_session", json=body, timeout=timeout + 30)
+
+    def runners(self, name: str, command: str) -> dict[str, Run]:
+        raw = RawHTTP(self.url, {"X-API-Key": self.http.headers["X-API-Key"]})
+        body = self.body(name, command)
+        return {"http.client": lambda: raw.post("/run_in_session", body),
+                "requests": lambda: check(self.run(name, command)).json()}
 
 
 def latency(runs: dict[str, Run], calls: int, blocks: int) -> dict[str, dict[str, float]]:
@@ -187,9 +241,8 @@ def latency(runs: dict[str, Run], calls: int, blocks: int) -> dict[str, dict[str
     for block in range(blocks):
         for name in list(runs) if block % 2 == 0 else list(reversed(runs)):
             for _ in range(calls // blocks + (block < calls % blocks)):
-                took, reply = timed(runs[name])
+                took, data = timed(runs[name])
                 samples[name].append(took)
-                data = reply.json() if reply.ok else {}
                 errors[name] += not (data.get("exit_code") == 0
                                      and data.get("output", "").strip() == "hi")
                 if "duration_s" in data:
@@ -240,20 +293,24 @@ def memory(dock: Dockyard, repo: str, commit: str, n: int) -> dict[str, float]:
 def report(res: dict[str, Any]) -> None:
     lat = res["latency"]
     print(f"load average {res['load_before']} -> {res['load_after']} on {res['cpus']} CPUs\n")
-    print(f"{'echo hi round trip':<20}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'mean ms':>9}"
+    print(f"{'echo hi round trip':<28}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'mean ms':>9}"
           f"{'calls':>7}{'errors':>7}  server-side p50")
     for name, s in lat.items():
         inner = s.get("server_duration_p50_ms")
-        print(f"{name:<20}{s['p50_ms']:>9.2f}{s['p90_ms']:>9.2f}{s['p99_ms']:>9.2f}"
+        print(f"{name:<28}{s['p50_ms']:>9.2f}{s['p90_ms']:>9.2f}{s['p99_ms']:>9.2f}"
               f"{s['mean_ms']:>9.2f}{s['calls']:>7}{s['errors']:>7}  "
               + (f"{inner:.2f} ms (duration_s)" if inner is not None else "-"))
-    if "swerex" in lat:
-        for p in ("p50", "p99"):
-            d, s = lat["dockyard"][f"{p}_ms"], lat["swerex"][f"{p}_ms"]
-            print(f"{p}: Dockyard/SWE-ReX = {d / s:.3f}   (SWE-ReX/Dockyard = {s / d:.1f}x)")
-    d = lat["dockyard"]
-    print(f"goal p50 <= 2 ms: {'met' if d['p50_ms'] <= 2 else 'MISSED'}; "
-          f"p99 <= 10 ms: {'met' if d['p99_ms'] <= 10 else 'MISSED'}")
+    for client in CLIENTS:
+        dock, rex = lat.get(f"dockyard {client}"), lat.get(f"swerex {client}")
+        if dock is None or rex is None:
+            continue
+        ratios = (f"{p} SWE-ReX/Dockyard = {rex[f'{p}_ms'] / dock[f'{p}_ms']:.1f}x"
+                  for p in ("p50", "p99"))
+        print(f"through {client}: " + "; ".join(ratios))
+    for client in CLIENTS:
+        d = lat[f"dockyard {client}"]
+        print(f"goal through {client}: p50 <= 2 ms {'met' if d['p50_ms'] <= 2 else 'MISSED'}; "
+              f"p99 <= 10 ms {'met' if d['p99_ms'] <= 10 else 'MISSED'}")
     print("\nsession start, median: " + "; ".join(
         f"{k} {v['median_ms']:.1f} ms (min {v['min_ms']:.1f}, n={v['n']})"
         for k, v in res["start"].items()))
@@ -319,11 +376,14 @@ def main() -> int:
         res["memory"] = memory(dock, repo, commit, args.sessions)
 
         sid = dock.start(repo, commit)
-        runs: dict[str, Run] = {"dockyard": lambda: dock.run(sid, ECHO)}
+        remote = SandboxClient([dock.url]).start_session({"repo": repo, "base_commit": commit})
+        runs = {f"dockyard {client}": run
+                for client, run in dock.runners(sid, ECHO, remote).items()}
         if rex:
             rex.start("bench")
-            runs["swerex"] = lambda: rex.run("bench", ECHO)
+            runs |= {f"swerex {client}": run for client, run in rex.runners("bench", ECHO).items()}
         res["latency"] = latency(runs, args.calls, args.blocks)
+        remote.close()
 
         res["flood"] = {"dockyard": flood(lambda: dock.run(sid, FLOOD, args.flood_timeout))}
         if rex:  # last: pexpect's buffering makes this slow, and a timeout wedges the session

@@ -38,11 +38,13 @@ def start() -> dict:
 
 
 @blueprint.post("/<session_id>/exec")
-def exec_command(session_id: str) -> dict:
+def exec_command(session_id: str) -> Response:
     body = parse_body(ExecRequest)
     result = _services().sessions.exec(session_id, body.command, body.timeout)
     observe_exec(result)
-    return result.model_dump(mode="json")
+    # The hot path: pydantic's serializer writes the JSON directly, a third of the time of
+    # model_dump() + Flask's encoder.
+    return Response(result.model_dump_json(), mimetype="application/json")
 
 
 @blueprint.get("/<session_id>/file")

@@ -209,6 +209,31 @@ def test_request_id_is_in_every_log_line_of_its_request(tmp_path, demo_task):
     assert any("[-] serving on" in line for line in lines)
 
 
+def test_exec_lines_are_logged_when_something_went_wrong(tmp_path, demo_task):
+    # A successful command is counted by /metrics, not logged (agents run one every second or
+    # so per session); a refused call, a timeout and a lost shell are logged.
+    base = tmp_path / "base"
+    with serving(base) as server:
+        start = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+        sid = requests.post(server.url + "/session/start", json=start, timeout=60).json()[
+            "session_id"]
+        for command, timeout in [("echo fine", 30), ("sleep 30", 0.5), ("kill -9 $$", 30)]:
+            answer = requests.post(f"{server.url}/session/{sid}/exec", timeout=60,
+                                   json={"command": command, "timeout": timeout})
+            assert answer.status_code == 200
+        missing = requests.post(f"{server.url}/session/nope/exec", json={"command": "true"},
+                                timeout=30)
+        assert missing.status_code == 404
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+    lines = Path(base / "task_executor.log").read_text().splitlines()
+    exec_requests = [line for line in lines if "request POST /session/" in line and "/exec" in line]
+    assert len(exec_requests) == 1 and "/session/nope/exec" in exec_requests[0]
+    assert "status=404" in exec_requests[0]
+    assert any(f"session {sid}: command timed out after 0." in line for line in lines)
+    assert any(f"session {sid}: shell killed by signal 9" in line for line in lines)
+
+
 def test_request_id_filter_marks_lines_outside_requests():
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "message", None, None)
     assert RequestIdFilter().filter(record) and record.request_id == "-"
