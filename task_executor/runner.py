@@ -77,6 +77,10 @@ KILL_GRACE_S = 0.5
 START_TIMEOUT_S = 10.0
 _PIPE_SIZE = 1 << 20
 _READ_CHUNK = 1 << 18
+_FRAME_FIRST_S = 0.005
+"""How long a command's output is left in the pipe while waiting for its frame alone: most
+commands end sooner, and are then answered after one wake-up instead of one per write. A command
+that fills the pipe (1 MiB) before that waits at most this long for it to be drained."""
 _LOW_FD = 100  # private fds live at/above this so they never collide with the agent's 3..9
 
 
@@ -340,12 +344,18 @@ class ShellSession:
         poller = select.poll()
         poller.register(shell.status_fd, select.POLLIN)
         poller.register(shell.pid_fd, select.POLLIN)
-        if out is not None:
-            poller.register(self._out_r, select.POLLIN)
+        watch_output_at = None if out is None else time.monotonic() + _FRAME_FIRST_S
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return None
+            if watch_output_at is not None:
+                if now >= watch_output_at:
+                    poller.register(self._out_r, select.POLLIN)
+                    watch_output_at = None
+                else:
+                    remaining = min(remaining, watch_output_at - now)
             for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
                 if fd == self._out_r:
                     self._drain(out, _READ_CHUNK)
