@@ -79,8 +79,13 @@ def test_thousand_creates_hold_the_rate_on_an_injected_clock(harness: Harness) -
     tickets = [prov.submit() for _ in range(1000)]
     assert all(t.wait(60) for t in tickets)
     assert all(t.state == "created" for t in tickets)
-    times = harness.standin.times("create")
+    # A create answered later than the client's 2 s read timeout (a busy machine) is read back
+    # and may be sent again: the second one meets our own pod (409) and is adopted. So count the
+    # creates the stand-in made, and allow only such retries besides.
+    creates = [r for r in harness.standin.records if r.verb == "create"]
+    times = [r.at for r in creates if r.outcome == "201"]
     assert len(times) == 1000
+    assert all(r.outcome == "409" for r in creates if r.outcome != "201")
     assert _rate(times, 5) == pytest.approx(20.0, rel=0.10)
     # No one-second window ever holds more than the rate plus the burst.
     ordered = sorted(times)
