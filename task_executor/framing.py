@@ -181,9 +181,19 @@ __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
 """.replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
 
 
+TOO_OLD_STATUS = 97
+"""The status a fresh shell exits with when it is older than bash 4.4."""
+
+
 def bootstrap_script(fds: ShellFds) -> str:
-    """What a fresh shell reads first: options, the protocol's functions, the fd numbers."""
+    """What a fresh shell reads first: options, the protocol's functions, the fd numbers.
+
+    It first exits with :data:`TOO_OLD_STATUS` if bash is older than 4.4, which lacks the
+    ``local -`` the syntax check depends on (there, ``set -n`` would stay on for good).
+    """
     return (
+        "(( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404 )) || exit "
+        f"{TOO_OLD_STATUS}\n"
         "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_cmd= __dy_msg= __dy_chk=0 __dy_seq=0\n"
         + CHECK_FUNCTION
         + _FUNCTIONS

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from sandbox_client.protocol import ExecResult
 from task_executor import reaper
 from task_executor.framing import (
+    TOO_OLD_STATUS,
     Frame,
     FrameError,
     FrameParser,
@@ -440,8 +441,10 @@ class ShellSession:
             if frame is None or frame.kind != "ready":
                 raise ShellStartError(f"bash did not answer its first ping ({frame})")
         except (_ShellGone, FrameError, ShellStartError) as exc:
-            _kill_now(shell)
+            _kill_now(shell)  # reaps it: an exit of its own keeps its status
             self._shell = None
+            if shell.proc.returncode == TOO_OLD_STATUS:
+                raise ShellStartError("bash 4.4 or later is needed for sessions") from exc
             raise ShellStartError(f"bash did not start: {exc!r}") from exc
         return shell
 

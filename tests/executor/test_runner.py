@@ -24,7 +24,7 @@ from task_executor.framing import (
     InvalidFrame,
     latest_state,
 )
-from task_executor.runner import SessionClosed, ShellSession
+from task_executor.runner import SessionClosed, ShellSession, ShellStartError
 from task_executor.syntax import check_syntax
 from tests.processes import alive
 
@@ -554,6 +554,17 @@ def test_latest_state_is_the_newest_complete_snapshot() -> None:
     assert latest_state([older, newer]) == latest_state([newer, older]) == newer
     assert latest_state([cut_off, newer]) == newer
     assert latest_state([b"", b""]) == b""
+
+
+def test_a_bash_older_than_4_4_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    # Such a bash fails the bootstrap's version gate and exits 97 (BASH_VERSINFO is read-only,
+    # so an old bash is played by a script that exits the way the gate makes it exit).
+    fake = tmp_path / "bin" / "bash"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 97\n")
+    fake.chmod(0o755)
+    with pytest.raises(ShellStartError, match="bash 4.4 or later is needed"):
+        ShellSession(cwd=str(tmp_path), env={"PATH": f"{fake.parent}:{os.defpath}"})
 
 
 def test_restart_loses_state_and_changes_directory(shell: ShellSession, tmp_path: Path) -> None:
