@@ -8,11 +8,10 @@ with stdin ``/dev/null`` and the protocol's fds closed, write the frame, and onl
 snapshot of its state (``declare -p``, ``declare -f``, ``alias -p``, ``shopt -p``): the answer
 goes out while the shell writes the snapshot, and the next control line waits in the pipe until
 it is done. Snapshots alternate between two memfds and end with a numbered line
-(:data:`STATE_END`), so a shell killed halfway through one (a forged frame is answered with a
-kill at once) leaves the previous snapshot whole; :func:`latest_state` picks the newest complete
-one.
-:func:`bootstrap_script` defines the shell functions this needs; :func:`restore_line`
-makes a fresh shell ``source`` a saved snapshot.
+(:data:`STATE_END_PRINTF`), so a shell killed halfway through one (a forged frame is answered
+with a kill at once) leaves the previous snapshot whole; :func:`latest_state` picks the newest
+complete one. :func:`bootstrap_script` defines the shell functions this needs;
+:func:`restore_line` makes a fresh shell ``source`` a saved snapshot.
 
 **Out.** After each command the shell writes one line to a pipe of its own (never the command's
 output pipe, and closed for the command itself, so nothing the command prints can forge or
