@@ -18,7 +18,8 @@ messages can be given the command's own line numbers. Nothing after ``source`` i
 would run either (``set -n`` is still on until it returns), so the function does nothing else;
 bash's messages go to a second file that the caller reads. (The function also switches off
 tracing, which would write into that file, and POSIX mode, in which a syntax error in a sourced
-file ends a non-interactive shell.) ``local -`` is written without ``builtin``: ``local -`` run
+file ends a non-interactive shell; and it writes with ``>|``, which the agent's ``set -C`` does
+not refuse.) ``local -`` is written without ``builtin``: ``local -`` run
 from inside an agent's function named ``builtin`` would make the options local to *that*
 function, and ``set -n`` would stay on in the session's shell.
 
@@ -46,7 +47,7 @@ it, through the first newline, before running the command)."""
 CHECK_FUNCTION = r"""
 __dy_parse() { { local -; builtin set +xv +o posix; } 2>/dev/null; builtin source "$1"; }
 __dy_check() {
-  __dy_parse "$1" 2>"$2" && __dy_chk=0 || __dy_chk=$?
+  __dy_parse "$1" 2>|"$2" && __dy_chk=0 || __dy_chk=$?
   __dy_msg=
   [[ ! -s $2 ]] || IFS= builtin read -r -d '' __dy_msg <"$2" || builtin true
   if [[ $__dy_chk != 0 || $__dy_msg == *'delimited by end-of-file'* ]]; then

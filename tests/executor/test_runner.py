@@ -436,12 +436,12 @@ def test_a26_check_runs_nothing_and_reports_line_numbers(
 def test_a26_check_runs_in_the_shell_without_forking(shell: ShellSession) -> None:
     # The check parses inside the session's own shell; `set -n` never outlives it, the agent's
     # options are kept, and a syntax error in POSIX mode does not end the shell.
-    shell.run("set -o posix; set -u")
+    shell.run("set -o posix; set -u; set -C")  # -C: the check's own writes must not clobber
     first = shell.pid
     assert shell.run("echo 'open").exit_code == 2  # in POSIX mode this would end a `source`r
     assert shell.run("echo 'closed'").output == "closed\n"
     assert shell.pid == first  # neither command needed a recovery
-    assert shell.run("echo $-; shopt -o posix | tr -s ' \t' ' '").output == "hmuBs\nposix on\n"
+    assert shell.run("echo $-; shopt -o posix | tr -s ' \t' ' '").output == "hmuBCs\nposix on\n"
 
 
 def test_a26_check_does_not_fork_per_command(shell: ShellSession, tmp_path: Path) -> None:
