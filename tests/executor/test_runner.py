@@ -444,6 +444,23 @@ def test_a26_check_runs_in_the_shell_without_forking(shell: ShellSession) -> Non
     assert shell.run("echo $-; shopt -o posix | tr -s ' \t' ' '").output == "hmuBCs\nposix on\n"
 
 
+AGENT_OPTIONS = [
+    "set -a", "set -k", "set -f", "set -b", "set -h", "set -B", "set +B", "set -C", "set -u",
+    "set -x", "set -o pipefail", "set -o posix", "set -E; trap 'echo trapped' ERR", "IFS=:",
+    "shopt -s failglob nullglob lastpipe extdebug globstar dotglob nocaseglob nocasematch",
+]
+
+
+@pytest.mark.parametrize("options", AGENT_OPTIONS)
+def test_a26_check_works_under_any_agent_option(shell: ShellSession, options: str) -> None:
+    # The check runs in the agent's shell, under the agent's options: none may stop it from
+    # accepting a good command, refusing a bad one, or keeping state.
+    shell.run(options)
+    assert shell.run("echo hi").output.endswith("hi\n")
+    assert shell.run("echo 'open").exit_code == 2
+    assert shell.run("x=1; echo $x").output.endswith("1\n")
+
+
 def test_a26_check_does_not_fork_per_command(shell: ShellSession, tmp_path: Path) -> None:
     # The kernel hands out pids in sequence: the gap between the pids of two children started
     # before and after 100 builtin-only commands counts the forks in between (plus whatever
