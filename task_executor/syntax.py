@@ -26,16 +26,13 @@ function, and ``set -n`` would stay on in the session's shell.
 bash only *warns* about a here-document delimited by end of file and exits 0; that warning is a
 refusal too, since the heredoc would otherwise have swallowed the rest of the command.
 
-:data:`CHECK_FUNCTION` is the bash side (the session's shell defines it);
-:func:`tidy_message` fixes the line numbers the extra ``set -n`` line shifted; and
-:func:`check_syntax` runs the same check in a one-off ``bash`` for callers without a session.
+:data:`CHECK_FUNCTION` is the bash side (the session's shell defines it), and
+:func:`tidy_message` fixes the line numbers the extra ``set -n`` line shifted.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 REFUSED_STATUS = 2
 """Exit status reported for a refused command (bash's own status for a syntax error)."""
@@ -79,26 +76,3 @@ def tidy_message(text: str) -> str:
     """Make the checker's messages read as bash's own for the command: ``bash: line N: ...``
     with N counted in the command (the file had the extra ``set -n`` line first)."""
     return _MESSAGE.sub(_renumber, text)
-
-
-def check_syntax(command: str, bash: str = "bash", timeout: float = 10.0) -> str | None:
-    """Check ``command`` in a one-off bash; return bash's message if refused, else None."""
-    fd = os.memfd_create("dockyard-check")
-    messages = os.memfd_create("dockyard-check-messages")
-    try:
-        os.write(fd, (CHECK_PREFIX + command).encode("utf-8", "surrogateescape"))
-        script = CHECK_FUNCTION + f"__dy_check /proc/self/fd/{fd} /proc/self/fd/{messages}\n"
-        proc = subprocess.run(
-            [bash, "--noprofile", "--norc", "-c", script],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            pass_fds=(fd, messages),
-            env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
-        )
-    finally:
-        os.close(fd)
-        os.close(messages)
-    if proc.returncode == 0:
-        return None
-    return tidy_message(proc.stdout.decode("utf-8", errors="replace"))

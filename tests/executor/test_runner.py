@@ -25,7 +25,6 @@ from task_executor.framing import (
     latest_state,
 )
 from task_executor.runner import SessionClosed, ShellSession, ShellStartError
-from task_executor.syntax import check_syntax
 from tests.processes import alive
 
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -481,20 +480,19 @@ def test_a26_an_agent_function_named_builtin_does_not_leave_the_shell_parsing_on
     assert shell.run("echo after").output == "after\n"
 
 
-def test_a26_one_off_check() -> None:
-    assert check_syntax("echo hi") is None
-    message = check_syntax("cat <<EOF\nabc")
-    assert message is not None and "here-document at line 1" in message
-
-
-# -- A27: floods -----------------------------------------------------------------------------
-
-
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def test_a26_heredoc_warning_has_the_commands_line_numbers(shell: ShellSession) -> None:
+    message = shell.run("cat <<EOF\nabc").output
+    assert "here-document at line 1" in message
+
+
+# -- A27: floods -----------------------------------------------------------------------------
 
 
 def test_a27_64_mib_flood_keeps_memory_flat(shell: ShellSession) -> None:
