@@ -44,12 +44,13 @@ class Services:
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)
-        capabilities = isolation.detect(settings.base_dir)
         if settings.workspace_mode == "git-clone" or not settings.fixed_path:
             capabilities = isolation.Capabilities(
                 overlay=False, mount_namespace=False,
                 network_namespace=False, reflink=False,
             )
+        else:
+            capabilities = isolation.detect(settings.base_dir)
         sandbox = isolation.Sandbox(
             capabilities,
             fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .diffs import split_patch
 from .gitcmd import git
-from .testconfig import is_forbidden_path, is_test_config_file
+from .testconfig import drop_test_config
 
 
 @dataclass
@@ -66,10 +66,7 @@ def capture_patch(
             extra_env=env,
         ).stdout.decode("utf-8", "surrogateescape")
     preamble, sections = split_patch(diff)
-    kept, excluded = [], []
-    for section in sections:
-        if any(is_test_config_file(p) or is_forbidden_path(p) for p in section.paths):
-            excluded.extend(sorted(section.paths))
-        else:
-            kept.append(section.text)
-    return CapturedPatch(patch=preamble + "".join(kept), excluded_files=sorted(set(excluded)))
+    kept, excluded = drop_test_config(sections)
+    return CapturedPatch(
+        patch=preamble + "".join(section.text for section in kept), excluded_files=excluded
+    )

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .output import CappedOutput
-from .reaper import MARKER_VAR, Target, kill, new_marker
+from .reaper import DEFAULT_GRACE_S, MARKER_VAR, Target, kill, new_marker
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def run_command(
         # out run gets SIGTERM and a short grace first, so test runners can flush and clean up.
         kill(
             Target(marker=marker, pgids=(proc.pid,), sids=(proc.pid,)),
-            grace=0.5 if timed_out else 0.0,
+            grace=DEFAULT_GRACE_S if timed_out else 0.0,
         )
         if proc.poll() is None:
             proc.kill()

@@ -121,11 +121,8 @@ class Grader:
 
     def resolve_deny_network(self, requested: bool | None) -> bool:
         """Whether code under test runs without network; fails closed (4xx) when it cannot."""
-        available = self.workspaces.sandbox.can_deny_network
-        wanted = requested if requested is not None else self.settings.deny_network
-        if wanted is None:
-            wanted = available
-        if wanted and not available:
+        wanted = requested if requested is not None else self.default_denies_network()
+        if wanted and not self.workspaces.sandbox.can_deny_network:
             raise InvalidRequest(
                 "egress denial was requested but this executor cannot provide it "
                 "(no network namespaces); see /health",
@@ -161,7 +158,7 @@ class Grader:
             raise
         except SetupFailed as exc:
             result.status, result.resolved = "execution_error", None
-            result.error, result.error_code = str(exc), "setup_failed"
+            result.error, result.error_code = str(exc), exc.code
         except Exception as exc:
             log.exception("grading %s failed", job.task_id)
             result.status, result.resolved = "execution_error", None
@@ -227,27 +224,23 @@ class Grader:
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
         mark = time.monotonic()
-        outcome = self._command(
-            command, workspace, test_env, deadline, log_parts, "tests", deny_network
-        )
+        outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
         phases.tests = time.monotonic() - mark
         run = read_report(workspace.tmp / report_name)
         self._judge(job, run, outcome, result)
 
-    def _command(
+    def _run_tests(
         self,
         command: str,
         workspace: Workspace,
         env: dict[str, str],
         deadline: float,
         log_parts: list[str],
-        phase: str,
         deny_network: bool,
     ) -> CommandOutcome:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            status = "timeout" if phase == "tests" else "execution_error"
-            raise _Verdict(status, f"{phase}_timeout", f"no time left for {phase}")
+            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
         outcome = run_command(
             command,
             cwd=str(workspace.path),
@@ -257,7 +250,7 @@ class Grader:
         )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
-            log_parts.append(f"\n[{phase} killed after {outcome.duration_s:.1f}s wall clock]\n")
+            log_parts.append(f"\n[tests killed after {outcome.duration_s:.1f}s wall clock]\n")
         return outcome
 
     @staticmethod

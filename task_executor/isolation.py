@@ -13,6 +13,7 @@ optionally drops to an unprivileged uid, then ``exec``s the real command.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -102,24 +103,23 @@ exec "$@"
 """
 
 
+@functools.cache
+def _have_prlimit() -> bool:
+    """Looked up once: every grading and session start builds a launcher."""
+    return shutil.which("prlimit") is not None
+
+
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of code under test (prlimit names; None leaves a limit as it is)."""
 
     nproc: int | None = 4096
     fsize_bytes: int | None = 8 * 1024**3
-    address_space_bytes: int | None = None
-    nofile: int | None = None
 
     def prlimit_argv(self) -> list[str]:
-        if shutil.which("prlimit") is None:
+        if not _have_prlimit():
             return []
-        pairs = [
-            ("--nproc", self.nproc),
-            ("--fsize", self.fsize_bytes),
-            ("--as", self.address_space_bytes),
-            ("--nofile", self.nofile),
-        ]
+        pairs = [("--nproc", self.nproc), ("--fsize", self.fsize_bytes)]
         options = [f"{flag}={value}" for flag, value in pairs if value is not None]
         return ["prlimit", *options, "--"] if options else []
 

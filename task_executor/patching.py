@@ -18,8 +18,8 @@ from .diffs import split_patch, touched_paths
 from .gitcmd import git, git_env
 from .testconfig import (
     SECTIONED_FILES,
+    drop_test_config,
     is_forbidden_path,
-    is_test_config_file,
     restore_test_sections,
 )
 from .workspace import remove_tree
@@ -90,17 +90,10 @@ def apply_agent_patch(worktree: Path, base_commit: str, patch_text: str) -> Agen
     preamble, sections = split_patch(patch_text)
     if not sections:
         raise PatchFailed("the patch contains no file changes (not a unified diff)")
-    kept, excluded = [], []
-    sectioned: set[str] = set()
-    for section in sections:
-        paths = section.paths
-        if any(is_forbidden_path(p) or is_test_config_file(p) for p in paths):
-            excluded.extend(sorted(paths))
-            continue
-        sectioned |= {p for p in paths if Path(p).name in SECTIONED_FILES}
-        kept.append(section.text)
+    kept, excluded = drop_test_config(sections)
+    sectioned = {p for section in kept for p in section.paths if Path(p).name in SECTIONED_FILES}
     if kept:
-        _apply(worktree, preamble + "".join(kept))
+        _apply(worktree, preamble + "".join(section.text for section in kept))
     for path in sorted(sectioned):
         if _restore_sections(worktree, base_commit, path):
             excluded.append(path)

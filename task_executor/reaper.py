@@ -57,7 +57,6 @@ class Target:
     pgids: Collection[int] = ()
     started_at_or_after: int | None = None
     """Clock ticks since boot (see :func:`boot_ticks`); None means any age."""
-    exclude: Collection[int] = ()
     environment: Collection[str] = ()
     """``NAME=value`` entries: a process whose initial environment holds any of them matches
     (how a restarted executor finds what its predecessor left, by its owner variable)."""
@@ -134,7 +133,7 @@ def find(target: Target) -> list[ProcInfo]:
     pgids = _still_ours(set(target.pgids) - {os.getpgrp()}, target.marker)
     found = []
     for pid in _pids():
-        if pid == me or pid in target.exclude:
+        if pid == me:
             continue
         info = read_proc(pid)
         if info is None:
@@ -210,16 +209,3 @@ def kill(target: Target, grace: float = DEFAULT_GRACE_S) -> int:
         with _totals_lock:
             _totals = KillTotals(_totals.processes + len(seen), _totals.groups + len(groups))
     return len(seen)
-
-
-def kill_marked_processes(
-    marker: str, grace: float = DEFAULT_GRACE_S, started_at_or_after: int | None = None
-) -> int:
-    """Kill every process carrying ``MARKER_VAR=marker`` (see :func:`kill`)."""
-    return kill(Target(marker=marker, started_at_or_after=started_at_or_after), grace)
-
-
-def kill_process_group(pgid: int, grace: float = DEFAULT_GRACE_S) -> int:
-    """Kill every member of a process group: SIGTERM, ``grace`` s, then SIGKILL until none is
-    left (members that join the group meanwhile included)."""
-    return kill(Target(pgids=(pgid,)), grace)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .capture import setup_artifacts
-from .errors import InvalidRequest
+from .errors import ExecutorError
 from .fsutil import disk_usage, remove_tree
 from .gitcmd import git
 from .mirrors import MirrorCache
@@ -52,8 +52,9 @@ class Template:
         return self.root / "tree"
 
 
-def template_key(source: str, commit: str, setup: list[str], env: dict[str, str]) -> str:
-    material = json.dumps([source, commit, setup, sorted(env.items())])
+def template_key(mirror: Path, commit: str, setup: list[str], env: dict[str, str]) -> str:
+    # The mirror's path stands for the repository: one mirror per normalized source.
+    material = json.dumps([str(mirror), commit, setup, sorted(env.items())])
     return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 
@@ -79,7 +80,7 @@ class TemplateCache:
 
     def acquire(self, repo: str, commit: str, setup: list[str], env: dict[str, str]) -> Template:
         mirror, sha = self.mirrors.resolve(repo, commit)
-        key = template_key(self.mirrors.source_of(repo), sha, setup, env)
+        key = template_key(mirror, sha, setup, env)
         with self._lock:
             template = self._templates.get(key)
             builder = template is None or template.error is not None
@@ -132,7 +133,8 @@ class TemplateCache:
                 # Forget a failed build so that a later request tries again.
                 if self._templates.get(template.key) is template:
                     del self._templates[template.key]
-            if not isinstance(exc, InvalidRequest):
+            # A task's own failure (4xx: a failing setup command) is the caller's to report.
+            if not (isinstance(exc, ExecutorError) and exc.http_status < 500):
                 log.exception("template %s failed to build", template.key)
         finally:
             template.ready.set()

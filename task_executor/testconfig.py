@@ -17,8 +17,12 @@ from __future__ import annotations
 import configparser
 import posixpath
 import re
+from typing import TYPE_CHECKING
 
 import tomllib
+
+if TYPE_CHECKING:
+    from .diffs import FileDiff
 
 _WHOLE_FILE_NAMES = {
     "conftest.py",
@@ -45,6 +49,19 @@ def is_test_config_file(path: str) -> bool:
 def is_forbidden_path(path: str) -> bool:
     """Paths no patch may write: git's own metadata."""
     return ".git" in path.split("/")
+
+
+def drop_test_config(sections: list[FileDiff]) -> tuple[list[FileDiff], list[str]]:
+    """The file sections of a patch that touch neither test configuration nor a forbidden path,
+    and the paths of those that do (sorted, once each): how both a submitted patch and a
+    session's captured diff lose what the agent must not change."""
+    kept, excluded = [], set()
+    for section in sections:
+        if any(is_test_config_file(p) or is_forbidden_path(p) for p in section.paths):
+            excluded |= section.paths
+        else:
+            kept.append(section)
+    return kept, sorted(excluded)
 
 
 def _is_test_section(filename: str, header: str) -> bool:

@@ -67,8 +67,6 @@ class Workspace:
     mirror: Path
     visible_path: str
     """Where code under test sees the tree (the fixed path in namespace modes)."""
-    setup_done: bool
-    repo: str
     setup: list[str]
     env: dict[str, str]
     factory: WorkspaceFactory
@@ -163,7 +161,7 @@ class WorkspaceFactory:
             else:
                 assert self.templates is not None
                 template = self.templates.acquire(repo, base_commit, setup, env)
-                workspace = self._from_template(holder, template, repo, setup, env, snapshot)
+                workspace = self._from_template(holder, template, setup, env, snapshot)
         except BaseException:
             remove_tree(holder)
             if template is not None and self.templates is not None:
@@ -177,7 +175,6 @@ class WorkspaceFactory:
         self,
         holder: Path,
         template: Template,
-        repo: str,
         setup: list[str],
         env: dict[str, str],
         snapshot: Snapshot | None,
@@ -185,7 +182,7 @@ class WorkspaceFactory:
         workspace = Workspace(
             path=holder / "merged", root=holder, base_commit=template.commit,
             mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(holder / "merged"),
-            setup_done=True, repo=repo, setup=setup, env=env, factory=self, template=template,
+            setup=setup, env=env, factory=self, template=template,
             artifacts=list(template.artifacts),
         )
         if self.mode == "overlay":
@@ -225,23 +222,27 @@ class WorkspaceFactory:
         path = holder / "repo"
         if snapshot is not None:
             copy_tree(snapshot.path, path, self.capabilities.reflink)
+            self.hand_over(path, recursive=True)
         else:
-            git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
-            git(["checkout", "--quiet", "--detach", sha], cwd=path)
-        self.hand_over(path, recursive=True)
+            self._checkout(mirror, sha, path)
         workspace = Workspace(
             path=path, root=holder, base_commit=sha, mirror=mirror, visible_path=str(path),
-            setup_done=snapshot is not None, repo=repo, setup=setup, env=env, factory=self,
+            setup=setup, env=env, factory=self,
         )
-        if not workspace.setup_done:
+        if snapshot is None:  # a snapshot was taken after setup
             started = time.monotonic()
             self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
                            launcher=workspace.launcher(False))
             workspace.setup_s = time.monotonic() - started
-            workspace.setup_done = True
             if setup:
                 workspace.artifacts = setup_artifacts(workspace.path)
         return workspace
+
+    def _checkout(self, mirror: Path, sha: str, path: Path) -> None:
+        """A fresh tree at ``sha`` sharing the mirror's objects, owned by the sandbox's uid."""
+        git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
+        git(["checkout", "--quiet", "--detach", sha], cwd=path)
+        self.hand_over(path, recursive=True)
 
     def destroy(self, workspace: Workspace) -> None:
         with self._lock:
@@ -273,10 +274,7 @@ class WorkspaceFactory:
             assert workspace.template is not None
             copy_tree(workspace.template.tree, workspace.path, self.capabilities.reflink)
         else:
-            git(["clone", "--quiet", "--shared", "--no-checkout", str(workspace.mirror),
-                 str(workspace.path)])
-            git(["checkout", "--quiet", "--detach", workspace.base_commit], cwd=workspace.path)
-            self.hand_over(workspace.path, recursive=True)
+            self._checkout(workspace.mirror, workspace.base_commit, workspace.path)
             self.run_setup(workspace.path, workspace.setup, workspace.sandbox_env(workspace.env),
                            launcher=workspace.launcher(False))
 

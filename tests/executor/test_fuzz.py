@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,12 +25,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from task_executor import reaper
 from task_executor.config import Settings
 from task_executor.demo import DemoTask, make_demo_task
-from task_executor.lifecycle import mounts_under, owner_entries
 from task_executor.mirrors import is_remote
 from tests.conftest import FAST_PYTEST_ENV, RunningExecutor, start_executor
+from tests.executor.test_lifecycle import assert_nothing_left
 
 TOKEN = "fuzz-token"
 MAX_TIMEOUT_S = 3.0
@@ -97,13 +95,6 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
     finally:
         stop()
     assert_nothing_left(settings_.base_dir)
-
-
-def assert_nothing_left(base_dir: Path) -> None:
-    processes = reaper.find(reaper.Target(environment=owner_entries(base_dir)))
-    assert processes == [], f"processes left: {processes}"
-    assert sorted((base_dir / "work").iterdir()) == []
-    assert mounts_under(base_dir) == []
 
 
 @pytest.fixture
@@ -201,8 +192,8 @@ def test_env_the_kernel_cannot_take_is_refused_at_session_start(executor, demo_t
 
 @pytest.mark.parametrize("env", BAD_ENVS, ids=["nul-in-name", "nul-in-value", "equals", "empty"])
 def test_env_the_kernel_cannot_take_is_refused_at_submit(executor, demo_task, env):
-    # Today: 200 with status execution_error ("internal error: embedded null byte"), which
-    # reward code takes for an infrastructure fault and retries, instead of a 422.
+    # Before the protocol refused these: 200 with status execution_error ("internal error:
+    # embedded null byte"), which reward code takes for an infrastructure fault and retries.
     answer = executor.submit({**demo_task.request("bad-env", demo_task.gold_patch), "env": env})
     assert answer.status_code == 422, answer.text
 

@@ -43,7 +43,7 @@ def test_kill_marked_processes_kills_daemons_even_term_ignoring(tmp_path: Path) 
     stubborn = spawn(daemon(tmp_path / "b", trap_term=True), tmp_path / "b", marker)
     other = spawn(daemon(tmp_path / "c"), tmp_path / "c", reaper.new_marker())
     try:
-        assert reaper.kill_marked_processes(marker, grace=0.2) == 2
+        assert reaper.kill(reaper.Target(marker=marker), grace=0.2) == 2
         assert not alive(polite) and not alive(stubborn)
         assert alive(other)  # another marker: not ours
     finally:
@@ -56,9 +56,9 @@ def test_started_at_or_after_spares_older_processes(tmp_path: Path) -> None:
     time.sleep(0.05)
     since = reaper.boot_ticks()
     new = spawn(daemon(tmp_path / "b"), tmp_path / "b", marker)
-    reaper.kill_marked_processes(marker, grace=0, started_at_or_after=since)
+    reaper.kill(reaper.Target(marker=marker, started_at_or_after=since), grace=0)
     assert alive(old) and not alive(new)
-    reaper.kill_marked_processes(marker, grace=0)
+    reaper.kill(reaper.Target(marker=marker), grace=0)
     assert not alive(old)
 
 
@@ -72,7 +72,7 @@ def test_kill_process_group_catches_unmarked_members(tmp_path: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     member = int((tmp_path / "a").read_text())
-    assert reaper.kill_process_group(leader.pid, grace=0.2) >= 2
+    assert reaper.kill(reaper.Target(pgids=(leader.pid,)), grace=0.2) >= 2
     leader.wait(timeout=5)
     assert not alive(member)
 

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
 from tests.conftest import FAST_PYTEST_ENV
+from tests.executor.test_grading_integrity import CHEAT_CONFTEST
 from tests.processes import alive
-
-CONFTEST_CHEAT = (
-    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
-    "def pytest_runtest_makereport(item, call):\n"
-    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
-)
 
 
 def _start(executor, demo_task, **extra) -> str:
@@ -67,7 +60,7 @@ def test_finish_with_a_fix_resolves_and_closes_the_session(executor, demo_task):
 
 def test_finish_with_a_planted_conftest_is_unresolved(executor, demo_task):
     sid = _start(executor, demo_task)
-    written = executor.put(f"/session/{sid}/file?path=conftest.py", data=CONFTEST_CHEAT.encode())
+    written = executor.put(f"/session/{sid}/file?path=conftest.py", data=CHEAT_CONFTEST.encode())
     assert written.status_code == 200
     _exec(executor, sid, "python -m pytest -q -p no:cacheprovider tests >/dev/null; echo $?")
     finished = _finish(executor, sid, demo_task)
@@ -232,5 +225,3 @@ def test_fifty_concurrent_sessions(executor_factory, demo_task):
 def test_health_counts_sessions(executor, demo_task):
     _start(executor, demo_task)
     assert executor.get("/health").json()["load"]["sessions"] == 1
-    assert requests.get(executor.url + "/health", timeout=5).status_code == 200
-    assert os.path.isdir(executor.settings.base_dir)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.errors import InvalidRequest
 from task_executor.isolation import detect
 from task_executor.mirrors import MirrorCache
 from task_executor.templates import TemplateCache
+from task_executor.workspace import SetupFailed
 from tests.conftest import FAST_PYTEST_ENV
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
@@ -194,7 +194,7 @@ def _template_cache(tmp_path: Path, budget: int, setup_log: Path) -> TemplateCac
         with setup_log.open("a") as handle:
             handle.write(f"{tree}\n")
         if setup == ["fail"]:
-            raise InvalidRequest("setup failed", code="setup_failed")
+            raise SetupFailed("setup failed")  # what the real run_setup raises
         (tree / "built.txt").write_text("x" * 10_000)
 
     return TemplateCache(tmp_path / "templates", MirrorCache(tmp_path / "mirrors"), run_setup,
@@ -222,7 +222,7 @@ def test_template_is_built_once_under_sixteen_concurrent_requests(tmp_path, demo
 def test_failed_template_build_is_retried_and_leaves_nothing(tmp_path, demo_task):
     cache = _template_cache(tmp_path, 10**9, tmp_path / "setups.log")
     for _ in range(2):
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(SetupFailed):
             cache.acquire(demo_task.repo, demo_task.base_commit, ["fail"], {})
     assert len((tmp_path / "setups.log").read_text().splitlines()) == 2
     assert list((tmp_path / "templates").iterdir()) == []
