@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .client import SandboxClient
+from .config import resolve_config
 from .fleet import fleet_reap, fleet_up
 from .grade import grade_predictions
-from .preflight import run_preflight
+from .preflight import VERDICTS, run_preflight
 from .report import GradeReport, write_json_atomic
 from .swebench import InputError, RepoMapper, load_instances, load_predictions
 
@@ -159,13 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _client(args: argparse.Namespace) -> tuple[SandboxClient, int]:
-    client = SandboxClient(urls=args.urls, token=args.token)
-    workers = args.workers or WORKERS_PER_EXECUTOR * len(client.urls)
+    # Validate before building the client: a refused option must not leave an open client behind.
+    config = resolve_config(urls=args.urls, token=args.token)
+    workers = args.workers or WORKERS_PER_EXECUTOR * len(config.urls)
     if workers < 1:
         raise InputError("--workers must be at least 1")
     if args.max_error_retries < 0:
         raise InputError("--max-error-retries must not be negative")
-    return client, workers
+    return SandboxClient(config=config), workers
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -222,7 +224,7 @@ def _preflight(args: argparse.Namespace) -> int:
                 f"{check.verdict.upper():8} {check.instance_id}: {detail}{tests}; "
                 f"reference {check.reference}, empty {check.empty}"
             )
-    counts = {v: sum(c.verdict == v for c in checks) for v in ("ok", "vacuous", "flaky", "error")}
+    counts = {v: sum(c.verdict == v for c in checks) for v in VERDICTS}
     print(
         f"preflight: {counts['ok']} ok, {counts['vacuous']} vacuous, {counts['flaky']} flaky, "
         f"{counts['error']} error -> allowlist {args.allowlist}"

@@ -126,9 +126,7 @@ class SandboxClient:
 
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the next executor; raises ``TaskExecutorError`` on failure."""
-        task = TaskSpec.model_validate(spec)
-        if task.timeout is None and self.config.task_timeout is not None:
-            task = task.model_copy(update={"timeout": self.config.task_timeout})
+        task = self.config.with_task_timeout(TaskSpec.model_validate(spec))
         body = task.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(task.timeout)
         url, result = self._failover(lambda url: self._submit(url, task.task_id, body, read))
@@ -317,7 +315,7 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 def _transport_error(exc: requests.RequestException, what: str, url: str) -> TaskExecutorError:
     """Classify by cause: only a failed connect proves the request never reached a server."""
     causes = list(_causes(exc))
-    root = causes[-1] if len(causes) > 1 else exc
+    root = causes[-1]  # exc itself when nothing is linked to it (causes[0] is always exc)
     # NewConnectionError (refused, unresolvable) subclasses ConnectTimeoutError in urllib3.
     if isinstance(exc, requests.ConnectTimeout) or any(
         isinstance(c, ConnectTimeoutError) for c in causes

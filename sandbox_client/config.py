@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .protocol import GradingSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 URLS_ENV = "DOCKYARD_SANDBOX_URLS"
 TOKEN_ENV = "DOCKYARD_API_TOKEN"
 
 Timeout = float | tuple[float, float]
+G = TypeVar("G", bound="GradingSpec")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class ClientConfig:
         """Read timeout for a call that runs something for up to ``run_s`` seconds."""
         budget = run_s if run_s is not None else (self.task_timeout or self.fallback_run_s)
         return budget + self.timeout_margin
+
+    def with_task_timeout(self, spec: G) -> G:
+        """``spec`` with ``task_timeout`` as its wall clock when it sets none (tasks and finishes
+        alike), so the executor and the read timeout agree on the same budget."""
+        if spec.timeout is None and self.task_timeout is not None:
+            return spec.model_copy(update={"timeout": self.task_timeout})
+        return spec
 
 
 def normalize_url(url: str) -> str:

@@ -98,10 +98,10 @@ def wait_ready(
                 worker.url = found.group(1) if found else None
             if worker.url is not None:
                 try:
-                    if client.health(worker.url).status in ("ok", "degraded"):
-                        pending.remove(worker)
+                    client.health(worker.url)  # any valid answer ("ok" or "degraded") is ready
                 except TaskExecutorError:
-                    pass
+                    continue
+                pending.remove(worker)
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"{len(pending)} executors not ready after {timeout:.0f}s")
         if pending:
@@ -109,8 +109,8 @@ def wait_ready(
     return None
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process descended from ``pid`` (Linux /proc; empty elsewhere)."""
+def process_tree() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every live process (Linux /proc; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -120,6 +120,13 @@ def descendants(pid: int) -> list[int]:
         # The command name may contain spaces and parentheses: fields start after the last ")".
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live process descended from ``pid``; pass ``children`` (a ``process_tree()``) to
+    reuse one /proc scan for several pids."""
+    children = process_tree() if children is None else children
     found, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):
@@ -131,9 +138,10 @@ def descendants(pid: int) -> list[int]:
 def stop_workers(workers: list[Worker], grace: float = 10.0) -> None:
     """SIGTERM every worker's group and descendants, wait ``grace`` seconds, SIGKILL the rest."""
     targets: dict[int, list[int]] = {}
+    tree = process_tree()  # one /proc scan for all workers, not one each
     for worker in workers:
         if worker.process.poll() is None:
-            targets[worker.process.pid] = descendants(worker.process.pid)
+            targets[worker.process.pid] = descendants(worker.process.pid, tree)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for pid, family in targets.items():
             _signal_group(pid, sig)
@@ -217,7 +225,8 @@ def fleet_up(
             return 1
         if stop.is_set():
             return 130
-        urls = [w.url.replace("0.0.0.0", probe_host) for w in started if w.url]
+        # wait_ready returned with no death and no stop: every worker has its URL.
+        urls = [str(w.url).replace("0.0.0.0", probe_host) for w in started]
         for worker, url in zip(started, urls, strict=True):
             print(
                 f"# worker {worker.index}: pid {worker.process.pid} {url} log {worker.log_path}",
@@ -286,6 +295,6 @@ def fleet_reap(
     except Exception as exc:  # cluster config, auth and API failures: one line, not a traceback
         print(f"dockyard fleet reap: {type(exc).__name__}: {exc}", file=err)
         return 1
-    deleted, left = getattr(outcome, "deleted", None), getattr(outcome, "left", 0)
+    deleted, left = outcome.deleted, outcome.left
     print(f"dockyard fleet reap: job {job_id}: {deleted} pods deleted, {left} left", file=out)
     return 1 if left else 0

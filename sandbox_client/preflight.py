@@ -24,6 +24,7 @@ from .client import SandboxClient
 from .grade import run_parallel, run_with_retries
 from .progress import Progress
 from .protocol import TaskResult
+from .report import category_of
 from .swebench import InputError, RepoMapper, task_spec
 
 VERDICTS = ("ok", "vacuous", "flaky", "error")
@@ -109,12 +110,7 @@ def run_preflight(
         iid, kind, spec = job
         result, _ = run_with_retries(client, spec, max_error_retries)
         runs[iid][kind].append(result)
-        category = (
-            "error"
-            if result.status == "execution_error"
-            else ("resolved" if result.resolved else "unresolved")
-        )
-        progress.advance(category)
+        progress.advance(category_of(result))
 
     try:
         run_parallel(grade_one, jobs, workers)

@@ -45,6 +45,13 @@ def patch_digest(patch: str | None) -> str:
     return hashlib.sha256((patch or "").encode()).hexdigest()
 
 
+def category_of(result: TaskResult) -> str:
+    """``error`` when grading gave no verdict, else ``resolved`` or ``unresolved``."""
+    if result.status == "execution_error":
+        return "error"
+    return "resolved" if result.resolved else "unresolved"
+
+
 def instance_entry(prediction: Prediction, result: TaskResult | None, attempts: int) -> dict:
     """One instance's report; ``result`` is None for an empty patch (not graded)."""
     entry: dict[str, Any] = {
@@ -63,10 +70,7 @@ def instance_entry(prediction: Prediction, result: TaskResult | None, attempts: 
             "tests_status": _tests_status([], [], [], []),
             "attempts": 0,
         }
-    if result.status == "execution_error":
-        category = "error"
-    else:
-        category = "resolved" if result.resolved else "unresolved"
+    category = category_of(result)
     return {
         **entry,
         "category": category,

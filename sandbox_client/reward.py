@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .api import default_client
+from .api import run_task
 from .client import SandboxClient
 from .errors import TaskExecutorError
 from .protocol import TaskResult, TaskSpec
@@ -57,7 +57,7 @@ def run_task_safe(
     """
     task_id = _task_id(spec)
     try:
-        return (client or default_client()).run_task(spec)
+        return run_task(spec, client=client)
     except TaskExecutorError as exc:
         log.warning("task %s: execution_error: %s", task_id, exc)
         return error_result(task_id, exc)

@@ -117,8 +117,7 @@ class RemoteSession:
     def finish(self, spec: FinishSpec | None = None, **fields: Any) -> FinishResult:
         """Capture the agent's diff and grade it; the executor closes the session."""
         finish = spec if spec is not None else FinishSpec.model_validate(fields)
-        if finish.timeout is None and self.client.config.task_timeout is not None:
-            finish = finish.model_copy(update={"timeout": self.client.config.task_timeout})
+        finish = self.client.config.with_task_timeout(finish)
         read = self.client.config.run_read_timeout(finish.timeout)
         body = finish.model_dump(mode="json", exclude_none=True)
         result = self._call("POST", "/finish", FinishResult, read, json=body)

@@ -61,22 +61,24 @@ def grade_files(tmp_path: Path, demo_task: DemoTask) -> tuple[Path, Path]:
     return instances, predictions
 
 
-def grade(files: tuple[Path, Path], report: Path, urls: str, *extra: str) -> int:
+def grade_argv(files: tuple[Path, Path], report: Path, urls: str, *extra: str) -> list[str]:
     instances, predictions = files
-    return main(
-        [
-            "grade",
-            "--instances",
-            str(instances),
-            "--predictions",
-            str(predictions),
-            "--urls",
-            urls,
-            "--output",
-            str(report),
-            *extra,
-        ]
-    )
+    return [
+        "grade",
+        "--instances",
+        str(instances),
+        "--predictions",
+        str(predictions),
+        "--urls",
+        urls,
+        "--output",
+        str(report),
+        *extra,
+    ]
+
+
+def grade(files: tuple[Path, Path], report: Path, urls: str, *extra: str) -> int:
+    return main(grade_argv(files, report, urls, *extra))
 
 
 def test_grade_writes_a_swebench_report(
@@ -251,22 +253,9 @@ def test_grade_killed_mid_run_loses_nothing(
         tmp_path / "p.jsonl", [{"instance_id": i, "model_patch": demo_task.gold_patch} for i in ids]
     )
     report = tmp_path / "report.json"
-    command = [
-        sys.executable,
-        "-m",
-        "sandbox_client",
-        "grade",
-        "--instances",
-        str(instances),
-        "--predictions",
-        str(predictions),
-        "--urls",
-        executor.url,
-        "--workers",
-        "1",
-        "--output",
-        str(report),
-    ]
+    files = (instances, predictions)
+    argv = grade_argv(files, report, executor.url, "--workers", "1")
+    command = [sys.executable, "-m", "sandbox_client", *argv]
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     with subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.DEVNULL) as run:
@@ -278,22 +267,7 @@ def test_grade_killed_mid_run_loses_nothing(
         run.send_signal(signal.SIGKILL)
     saved = json.loads(report.read_text())["instances"]  # whole, valid JSON after the kill
     assert 1 <= len(saved) < 4
-    assert (
-        main(
-            [
-                "grade",
-                "--instances",
-                str(instances),
-                "--predictions",
-                str(predictions),
-                "--urls",
-                executor.url,
-                "--output",
-                str(report),
-            ]
-        )
-        == 0
-    )
+    assert grade(files, report, executor.url) == 0
     final = json.loads(report.read_text())
     assert final["resolved_ids"] == ids
     assert all(final["instances"][i] == entry for i, entry in saved.items())  # not re-graded

@@ -19,6 +19,7 @@ from sandbox_client import SandboxClient, run_task_safe
 from sandbox_client.cli import main
 from sandbox_client.protocol import TaskResult
 from task_executor.demo import DemoTask
+from tests.processes import alive
 
 from .conftest import FAST_ENV
 
@@ -36,14 +37,6 @@ def processes_running(fragment: str) -> list[int]:
         if fragment in cmdline and str(os.getpid()) != entry.name:
             found.append(int(entry.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])

@@ -3,7 +3,6 @@ executor, a lost reply that must not run the tests twice, and sessions."""
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import socket
@@ -17,12 +16,8 @@ from typing import Any
 import pytest
 import requests
 
-from sandbox_client import (
-    ExecutorRejected,
-    SandboxClient,
-    reward_from_result,
-    run_task_safe,
-)
+from sandbox_client import SandboxClient, reward_from_result, run_task_safe
+from sandbox_client.protocol import FinishResult
 from task_executor.demo import DemoTask
 
 from .conftest import FAST_ENV
@@ -171,14 +166,9 @@ def test_lost_reply_does_not_run_tests_twice(
 
 def test_session_start_exec_files_finish(demo_task: DemoTask, executor: Any) -> None:
     with SandboxClient(executor.url) as client:
-        try:
-            session = client.start_session(
-                {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
-            )
-        except ExecutorRejected as exc:
-            if exc.status in (404, 405):
-                pytest.skip("this executor has no session routes yet")
-            raise
+        session = client.start_session(
+            {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+        )
         with session:
             assert session.exec("git rev-parse HEAD").output.strip() == demo_task.base_commit
             data = b"a\r\nb\xff\n"
@@ -194,4 +184,4 @@ def test_session_start_exec_files_finish(demo_task: DemoTask, executor: Any) -> 
         assert done.result.status == "resolved"
         assert "return a + b" in done.patch
         assert session.finished and not session.closed
-    json.dumps(done.model_dump())
+    assert FinishResult.model_validate_json(done.model_dump_json()) == done
