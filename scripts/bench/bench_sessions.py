@@ -6,9 +6,10 @@ after 20 warm-ups, every system x client pair alternating in ``--blocks`` interl
 machine noise hits all alike (Dockyard's syntax check is always on; SWE-ReX runs with
 ``check: "silent"``). Each server is timed through two HTTP clients, each on one kept-alive
 connection: ``http.client`` (the standard library's, the thinnest Python client: what the
-servers cost) and ``requests`` (what most Python callers use; it adds about 0.7 ms a call on this
-machine, to both servers alike), and Dockyard also through the trainer's own
-``RemoteSession.exec`` (``requests`` plus the protocol models);
+servers cost) and ``requests`` (what most Python callers use; it adds about 1 ms a call on this
+machine, to every server alike), and Dockyard also through the trainer's own
+``RemoteSession.exec`` (``requests`` plus the protocol models). A third server is the floor: a
+bare Flask app on waitress that answers the same JSON without running anything;
 session start time (median of ``--starts`` start + close cycles); executor memory per idle
 session at ``--sessions`` sessions (VmRSS of the executor, and of executor + shells: RSS sum and
 the shells' PSS), then RSS and children left after deleting them all; and a 16 MiB output
@@ -46,12 +47,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from procfs import descendants  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sandbox_client import RemoteSession, SandboxClient  # noqa: E402
+from sandbox_client.fleet import descendants  # noqa: E402
 from task_executor.lifecycle import unmount_under  # noqa: E402
 
 ECHO = "echo hi"
@@ -183,6 +184,38 @@ class Dockyard:
         return {"http.client": lambda: raw.post(f"/session/{sid}/exec", body),
                 "requests": lambda: check(self.run(sid, command)).json(),
                 "RemoteSession": lambda: remote.exec(command, timeout=60).model_dump()}
+
+
+BARE_APP = """
+import sys
+from flask import Flask, jsonify, request
+from waitress import create_server
+app = Flask("bare")
+@app.post("/exec")
+def run():
+    request.get_json()
+    return jsonify(exit_code=0, output="hi\\n")
+server = create_server(app, host="127.0.0.1", port=0)
+print(f"listening on http://127.0.0.1:{server.effective_port}", flush=True)
+server.run()
+"""
+
+
+class BareFlask:
+    """The floor: a Flask app on waitress that answers ``echo hi``'s JSON without running it."""
+
+    def __init__(self, workdir: Path, servers: list[Any]) -> None:
+        log = workdir / "bare.out"
+        self.proc = spawn([sys.executable, "-c", BARE_APP], log)
+        servers.append(self.proc)
+        ready = wait_ready(self.proc, log,
+                           lambda: re.search(r"listening on (http://\S+)", log.read_text()))
+        self.url, self.http = ready.group(1), http_session()
+
+    def runners(self) -> dict[str, Run]:
+        raw, body = RawHTTP(self.url), {"command": ECHO}
+        return {"http.client": lambda: raw.post("/exec", body),
+                "requests": lambda: check(self.http.post(f"{self.url}/exec", json=body)).json()}
 
 
 class SweRex:
@@ -379,6 +412,8 @@ def main() -> int:
         remote = SandboxClient([dock.url]).start_session({"repo": repo, "base_commit": commit})
         runs = {f"dockyard {client}": run
                 for client, run in dock.runners(sid, ECHO, remote).items()}
+        runs |= {f"bare flask {client}": run
+                 for client, run in BareFlask(workdir, servers).runners().items()}
         if rex:
             rex.start("bench")
             runs |= {f"swerex {client}": run for client, run in rex.runners("bench", ECHO).items()}

@@ -64,8 +64,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from procfs import descendants  # noqa: E402  (beside this script)
-
+from sandbox_client.fleet import descendants  # noqa: E402
 from task_executor import isolation  # noqa: E402
 from task_executor.config import Settings  # noqa: E402
 from task_executor.gitcmd import git  # noqa: E402
