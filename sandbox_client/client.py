@@ -350,22 +350,25 @@ def _rejection(response: requests.Response, url: str) -> ExecutorRejected:
         code = f"http_{status}"
         message = response.text.strip()[:300] or (response.reason or "")
     cls = ExecutorBusy if status in _BUSY_STATUSES else ExecutorRejected
-    retry_after = _retry_after(response.headers.get("Retry-After"))
+    retry_after = parse_retry_after(response.headers.get("Retry-After"))
     return cls(message, code=code, status=status, retry_after=retry_after, url=url)
 
 
-def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds, from delta-seconds or an HTTP date; None if absent or bad."""
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds, from delta-seconds or an HTTP date; None if absent or bad.
+    (The provisioner reads the Kubernetes API's header with it too.)"""
     if not value:
         return None
+    value = value.strip()
     try:
         return max(0.0, float(value))
     except ValueError:
         pass
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        when = parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):
         return None
+    return max(0.0, when - (time.time() if now is None else now))
 
 
 def _check_digest(response: requests.Response, what: str, url: str) -> None:

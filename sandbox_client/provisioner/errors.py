@@ -27,13 +27,13 @@ are turned into this tree by :func:`translate`, and only there.
 
 from __future__ import annotations
 
-import email.utils
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import urllib3.exceptions
+
+from ..client import parse_retry_after  # the client's, for the API's 429s too
 
 
 class ProvisionerError(Exception):
@@ -122,22 +122,6 @@ _BY_STATUS: dict[int, type[APIError]] = {
     409: APIConflictError,
     429: APITooManyRequests,
 }
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
 
 
 def _header(headers: Any, name: str) -> str | None:

@@ -27,7 +27,7 @@ from sandbox_client import (
     SandboxClient,
     TaskExecutorError,
 )
-from sandbox_client.client import _retry_after
+from sandbox_client.client import parse_retry_after
 
 from .conftest import RawServer, task_result, task_spec
 
@@ -152,11 +152,11 @@ def test_busy_carries_retry_after(mocked: responses.RequestsMock, make_client: M
 
 
 def test_retry_after_forms() -> None:
-    assert _retry_after("3") == 3.0
-    assert _retry_after("-1") == 0.0
-    assert _retry_after(None) is None and _retry_after("soon") is None
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after("-1") == 0.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     later = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
-    assert 25 <= (_retry_after(later) or 0) <= 31
+    assert 25 <= (parse_retry_after(later) or 0) <= 31
 
 
 def test_ok_result_decodes(mocked: responses.RequestsMock, make_client: Make) -> None:
