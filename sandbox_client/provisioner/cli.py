@@ -6,7 +6,7 @@
     dockyard-provision manifests --check k8s                 # exit 1 if k8s/ is stale
 
 Settings come from the environment (:meth:`ProvisionerSettings.from_env`); flags override them.
-``dockyard fleet ...`` calls :func:`main` with the same arguments.
+``dockyard fleet reap --job ID`` calls :func:`.reaper.reap` directly, not :func:`main`.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _manifests(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dockyard-provision``; also what ``dockyard fleet`` delegates to."""
+    """Entry point of ``dockyard-provision``."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

@@ -118,7 +118,8 @@ def _executor_container(settings: PodSettings) -> Manifest:
     if settings.carrier_image:
         # The task image is unmodified: run the executor the carrier copied in, by absolute path.
         container["command"] = [f"{RUNTIME_DIR}/bin/task-executor"]
-        container["args"] = ["serve", "--host", "0.0.0.0", "--port", str(settings.port)]
+        # No --port flag: the executor reads API_PORT (set below), so the port is given once.
+        container["args"] = ["serve", "--host", "0.0.0.0"]
         mounts.append({"name": "dockyard-runtime", "mountPath": RUNTIME_DIR, "readOnly": True})
     container.update({
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
@@ -184,9 +185,14 @@ def pod_template(settings: PodSettings) -> Manifest:
     return {"metadata": {"labels": app_labels()}, "spec": spec}
 
 
+def job_selector(job: str) -> dict[str, str]:
+    """The label every pod of ``job`` carries: what the provisioner sets and the reaper selects."""
+    return {JOB_LABEL: dns_label(job, 63)}
+
+
 def job_labels(job: str, instance: str) -> dict[str, str]:
     """Labels that tie a pod to its job (for the reaper) and to one provisioner (for its drain)."""
-    return {JOB_LABEL: dns_label(job, 63), PROVISIONER_LABEL: dns_label(instance, 63)}
+    return {**job_selector(job), PROVISIONER_LABEL: dns_label(instance, 63)}
 
 
 def label_selector(labels: Mapping[str, str]) -> str:

@@ -24,23 +24,6 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
 
-class FakeClock:
-    """A manual clock for tests: ``sleep`` advances time instantly instead of waiting."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self._now = start
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def sleep(self, seconds: float) -> None:
-        """Advance the clock by ``seconds`` (negative values are ignored)."""
-        with self._lock:
-            self._now += max(0.0, seconds)
-
-
 @dataclass
 class TokenBucket:
     """Paces events to ``rate`` per second with bursts of up to ``burst``; thread-safe."""

@@ -75,7 +75,6 @@ class CreateResult:
     error: ProvisionerError | None = None
     sent: bool = False
     adopted: bool = False
-    withdrawn: bool = False
 
 
 def nonce_of(pod: Pod) -> str | None:
@@ -119,7 +118,6 @@ def create_owned(api: PodAPI, body: Pod, retry: Retry, pace: Callable[[], bool],
     result = CreateResult(ABSENT)
     while True:
         if stop() or not pace():
-            result.withdrawn = True
             return result
         result.sent = True
         try:

@@ -145,10 +145,6 @@ class Provisioner:
         with self._lock:
             return self._urls([r.name for r in self._records.values() if r.state == "ready"])
 
-    def install_signal_handlers(self) -> bool:
-        """Drain on SIGTERM/SIGINT by unwinding the main thread; False outside the main thread."""
-        return self._signals.install()
-
     def sandbox_client(self, token: str | None = None, **kwargs: Any) -> Any:
         """A ``SandboxClient`` over the Ready pods (imported late: the client is optional here)."""
         from sandbox_client.client import SandboxClient
@@ -395,10 +391,7 @@ class Provisioner:
             self._drained = True
             log.info("drained job %s provisioner %s: %d pods left, stats %s",
                      self.settings.job, self.settings.instance, left, self.stats)
-        self._signals.restore()
-        atexit.unregister(self._atexit)
-        if self._owns_api:
-            self._api.close()
+        self._release()
         return left
 
     def detach(self) -> list[PodRecord]:
@@ -411,23 +404,40 @@ class Provisioner:
             self._closing.set()
             self.settle()
             self._drained = True
+        self._release()
+        return self.pods()
+
+    def _release(self) -> None:
+        """Let go of the process hooks and the client; the pods are drained or handed over."""
         self._signals.restore()
         atexit.unregister(self._atexit)
         if self._owns_api:
             self._api.close()
-        return self.pods()
 
     def _sweep(self) -> int:
-        """Delete whatever still carries this provisioner's label: late landings we never saw."""
+        """Delete whatever still carries this provisioner's label: late landings we never saw,
+        and pods whose drain delete failed (tried once more). Returns how many are left."""
         try:
             listed = self._api.list(label_selector(self.labels))
         except Exception as exc:
             log.error("final sweep could not list pods: %s", exc)
             return self.live_count()
-        strays = [PodRecord(p["metadata"]["name"], "", uid=p["metadata"].get("uid"))
-                  for p in listed]
-        gone = run_parallel(self._delete_record, strays, self.settings.delete_workers)
-        return len(strays) - sum(gone) + self.live_count()
+        with self._lock:
+            # A pod still tracked (its drain delete failed) is retried under its own record:
+            # ``_forget`` frees only that object, so a fresh one would leave it counted as live.
+            records = [self._records.get(p["metadata"]["name"])
+                       or PodRecord(p["metadata"]["name"], "", uid=p["metadata"].get("uid"))
+                       for p in listed]
+            strays = [r for r in records if self._records.get(r.name) is not r]
+        confirmed: set[str] = set()
+
+        def delete(record: PodRecord) -> None:
+            if self._delete_record(record):
+                confirmed.add(record.name)
+
+        run_parallel(delete, records, self.settings.delete_workers)
+        # Each left pod once: tracked ones are still in self._records, the others only here.
+        return self.live_count() + sum(r.name not in confirmed for r in strays)
 
     def _atexit(self) -> None:
         self.drain()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .api import APIConfig, Pod, PodAPI
 from .config import ProvisionerSettings
 from .errors import ProvisionerError
-from .manifests import JOB_LABEL, dns_label, label_selector
+from .manifests import job_selector, label_selector
 from .pacing import Clock, Sleep
 from .podops import Retry, delete_until_gone, run_parallel
 
@@ -30,8 +30,10 @@ class ReapReport:
 
 
 def reap(job: str, namespace: str | None = None, api: PodAPI | None = None,
-         config: APIConfig | None = None, timeout_s: float = 300.0, workers: int = 16,
-         poll_s: float = 1.0, backoff_s: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 5.0),
+         config: APIConfig | None = None, timeout_s: float = 300.0,
+         workers: int = ProvisionerSettings.delete_workers,
+         poll_s: float = ProvisionerSettings.poll_interval_s,
+         backoff_s: tuple[float, ...] = ProvisionerSettings.backoff_s,
          clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> ReapReport:
     """Delete all pods labelled ``dockyard.io/job=<job>`` in ``namespace`` until none is left.
 
@@ -45,7 +47,7 @@ def reap(job: str, namespace: str | None = None, api: PodAPI | None = None,
         config = config or defaults.api
     own = api is None
     api = api if api is not None else PodAPI(config or APIConfig(), namespace)
-    selector = label_selector({JOB_LABEL: dns_label(job, 63)})
+    selector = label_selector(job_selector(job))
     deadline = clock() + timeout_s
     deleted = 0
     list_retry = Retry(backoff_s, deadline, clock, sleep)

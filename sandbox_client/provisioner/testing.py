@@ -7,14 +7,15 @@ next matching request misbehave in one precise window:
 
 - ``delay`` / ``hold``: wait (admission taking time) before the request takes effect;
 - ``store``: whether the request takes effect (the pod is stored / deleted) before the answer;
-- ``after_delay`` / ``after_hold``: wait after it took effect, before answering;
+- ``after_hold``: wait after it took effect, before answering;
 - ``status`` (+ ``retry_after``): answer an error instead of success, e.g. 500 after storing;
 - ``drop``: close the connection without answering (a lost reply), after or before storing.
 
 Pods become Running and Ready, with a pod IP in 127.0.0.0/8, ``ready_after`` seconds after they
-are created, unless marked never-ready; deletes can be made slow (``delete_after``). Every
-request is recorded with a time from an injectable clock, and the high-water mark of live job
-pods is kept, so tests assert pacing and the live-pod cap on the server's own records.
+are created, except the next ``never_ready_next`` ones; deletes can be made slow
+(``delete_after``). Every request is recorded with a time from an injectable clock (e.g.
+:class:`FakeClock`), and the high-water mark of live job pods is kept, so tests assert pacing
+and the live-pod cap on the server's own records.
 
 It listens on 127.0.0.1 only. ``python -m sandbox_client.provisioner.testing`` runs one by hand.
 """
@@ -41,6 +42,23 @@ REASONS = {404: "NotFound", 409: "AlreadyExists", 429: "TooManyRequests", 403: "
            500: "InternalError", 503: "ServiceUnavailable"}
 
 
+class FakeClock:
+    """A manual clock for tests: ``sleep`` advances time instantly instead of waiting."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` (negative values are ignored)."""
+        with self._lock:
+            self._now += max(0.0, seconds)
+
+
 @dataclass
 class Fault:
     """What the next request of ``verb`` (for pod ``name``, if given) does wrong; ``times`` uses."""
@@ -51,7 +69,6 @@ class Fault:
     drop: bool = False
     delay: float = 0.0
     hold: threading.Event | None = None
-    after_delay: float = 0.0
     after_hold: threading.Event | None = None
     retry_after: float | None = None
     name: str | None = None
@@ -87,7 +104,6 @@ class StandInAPI:
     records: list[Record] = field(default_factory=list)
     high_water: int = 0
     high_water_by_job: dict[str, int] = field(default_factory=dict)
-    never_ready_names: set[str] = field(default_factory=set)
     never_ready_next: int = 0
 
     def __post_init__(self) -> None:
@@ -184,10 +200,9 @@ class StandInAPI:
             self._purge()
             if (namespace, name) in self.pods:
                 return 409, _status(409, f'pods "{name}" already exists')
-            ready = name not in self.never_ready_names
-            if ready and self.never_ready_next > 0:
+            ready = self.never_ready_next <= 0
+            if not ready:
                 self.never_ready_next -= 1
-                ready = False
             return 201, self._view(self._store(namespace, body, ready))
 
     def read(self, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
@@ -321,8 +336,6 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None:
             if fault.after_hold is not None:
                 fault.after_hold.wait(30)
-            if fault.after_delay:
-                time.sleep(fault.after_delay)
         if fault is not None and fault.drop:
             record.outcome = f"dropped after {status or 'nothing'}"
             self.close_connection = True  # no answer at all: the client sees a lost reply

@@ -33,8 +33,11 @@ class Harness:
     """One stand-in server plus helpers to run a provisioner against it and judge what is left."""
 
     server: StandInServer
-    api: PodAPI
+    api: PodAPI = field(init=False)
     provisioners: list[Provisioner] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.api = PodAPI(api_config(self), NAMESPACE)
 
     @property
     def standin(self) -> StandInAPI:
@@ -44,7 +47,7 @@ class Harness:
         values: dict[str, Any] = {
             "job": f"job-{next(_jobs)}",
             "namespace": NAMESPACE,
-            "api": APIConfig(host=self.server.url, connect_timeout_s=1.0, read_timeout_s=2.0),
+            "api": api_config(self),
             "owner": TRAINER,
             "max_live": 8,
             "rate": 1000.0,
@@ -111,8 +114,8 @@ def repeat_window(h: Harness, run: Window) -> None:
     assert h.standin.pending_faults() == 0
 
 
-def fast_api(h: Harness, read_timeout_s: float) -> APIConfig:
-    """API settings with a short read timeout, for windows where our own timeout must fire."""
+def api_config(h: Harness, read_timeout_s: float = 2.0) -> APIConfig:
+    """API settings for the stand-in; a short read timeout for windows where ours must fire."""
     return APIConfig(host=h.server.url, connect_timeout_s=1.0, read_timeout_s=read_timeout_s)
 
 
@@ -136,12 +139,10 @@ def wait_arrival(h: Harness, verb: str, before: int) -> None:
 def harness() -> Iterator[Harness]:
     pytest.importorskip("kubernetes")
     with StandInServer(StandInAPI()) as server:
-        api = PodAPI(APIConfig(host=server.url, connect_timeout_s=1.0, read_timeout_s=2.0),
-                     NAMESPACE)
-        h = Harness(server, api)
+        h = Harness(server)
         try:
             yield h
         finally:
             for prov in h.provisioners:
                 prov.drain(timeout=5.0)
-            api.close()
+            h.api.close()

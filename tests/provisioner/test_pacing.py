@@ -14,8 +14,7 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from sandbox_client.provisioner import Provisioner, TokenBucket
-from sandbox_client.provisioner.pacing import FakeClock
-from sandbox_client.provisioner.testing import Fault
+from sandbox_client.provisioner.testing import FakeClock, Fault
 
 from .conftest import Harness
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from sandbox_client.provisioner import ProvisionerClosed, reap
+from sandbox_client.provisioner import ProvisionerClosed, ReapReport, reap
 from sandbox_client.provisioner.manifests import (
     JOB_LABEL,
     NONCE_LABEL,
@@ -18,7 +18,7 @@ from sandbox_client.provisioner.manifests import (
 )
 from sandbox_client.provisioner.testing import Fault
 
-from .conftest import NAMESPACE, TRAINER, Harness, foreign_pod
+from .conftest import NAMESPACE, TRAINER, Harness, foreign_pod, wait_arrival
 
 
 def test_provision_returns_pod_ip_urls_of_labelled_owned_pods(harness: Harness) -> None:
@@ -48,6 +48,25 @@ def test_drain_on_normal_exit_removes_everything(harness: Harness) -> None:
     assert prov.drain() == 0  # idempotent
     with pytest.raises(ProvisionerClosed):
         prov.submit()
+
+
+def test_sweep_retries_a_pod_the_drain_could_not_delete_and_counts_it_once(
+        harness: Harness) -> None:
+    """The drain's delete fails; the sweep retries the same tracked pod: gone means freed, and
+    failing again means one pod left, not two."""
+    freed = harness.provisioner(delete_timeout_s=0.5)
+    freed.provision(1)
+    # Answered after the drain's 0.5 s delete deadline: that delete gives up, the sweep's works.
+    harness.standin.inject(Fault("delete", status=500, store=False, delay=0.6))
+    assert freed.drain() == 0
+    assert freed.live_count() == 0
+    stuck = harness.provisioner(delete_timeout_s=0.0)  # one attempt per delete, no retry
+    stuck.provision(1)
+    harness.standin.inject(Fault("delete", status=500, store=False, times=2))
+    assert stuck.drain() == 1
+    assert harness.standin.pending_faults() == 0  # the drain and the sweep both tried
+    assert [r.name for r in stuck.pods()] == [
+        p["metadata"]["name"] for p in harness.job_pods(stuck.settings.job)]
 
 
 def test_cap_holds_under_churn_with_faults(harness: Harness) -> None:
@@ -104,24 +123,28 @@ def test_detached_pods_are_removed_by_reap(harness: Harness) -> None:
 
 
 def test_reap_catches_a_pod_that_lands_while_it_runs(harness: Harness) -> None:
+    """The late pod lands while the reaper's first delete is held, after its first list: only a
+    reap that lists again after deleting finds it."""
     prov = harness.provisioner()
     prov.provision(1)
-    prov.detach()
-    hold = threading.Event()
+    (early,) = prov.detach()
     late = harness.provisioner(job=prov.settings.job)
-    harness.standin.inject(Fault("create", hold=hold))
-    creates = harness.standin.count("create")
+    hold = threading.Event()
+    harness.standin.inject(Fault("delete", hold=hold, name=early.name))
+    deletes = harness.standin.count("delete")
+    reports: list[ReapReport] = []
+    reaper = threading.Thread(target=lambda: reports.append(reap(
+        prov.settings.job, NAMESPACE, api=harness.api, poll_s=0.01, backoff_s=(0.005,))),
+        daemon=True)  # on a failure, a reaper retrying until its deadline must not hang the run
+    reaper.start()
+    wait_arrival(harness, "delete", deletes)  # listed (one pod), now deleting it
     ticket = late.submit()
-    assert harness.standin.wait_for("create", creates + 1)
-    threading.Timer(0.02, hold.set).start()
-    report = reap(prov.settings.job, NAMESPACE, api=harness.api, poll_s=0.01,
-                  backoff_s=(0.005,))
-    ticket.wait(5)
-    if harness.job_pods(prov.settings.job):  # it landed after the reaper's last list
-        report = reap(prov.settings.job, NAMESPACE, api=harness.api, poll_s=0.01)
-    assert report.left == 0
-    assert harness.job_pods(prov.settings.job) == []
+    assert ticket.wait(5) and ticket.state == "created"
     late.detach()
+    hold.set()
+    reaper.join(10)
+    assert [(r.deleted, r.left) for r in reports] == [(2, 0)]
+    assert harness.job_pods(prov.settings.job) == []
 
 
 def test_sandbox_client_is_built_from_ready_urls(harness: Harness) -> None:

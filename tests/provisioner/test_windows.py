@@ -35,7 +35,10 @@ The windows about other tenants' pods, deletes and readiness are in test_windows
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -48,7 +51,7 @@ from sandbox_client.provisioner.testing import Fault
 from .conftest import (
     Harness,
     Window,
-    fast_api,
+    api_config,
     register,
     repeat_window,
     wait_arrival,
@@ -157,11 +160,25 @@ def stored_reply_held_cancel(h: Harness) -> None:
     h.assert_drained(prov)
 
 
+@contextmanager
+def no_gc_pause() -> Iterator[None]:
+    """A full collection of this suite's heap takes 100+ ms: longer than a 20 ms budget."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @window
 def never_ready_timeout(h: Harness) -> None:
     prov = h.provisioner()
     h.standin.never_ready_next = 1
-    with pytest.raises(ReadinessTimeout) as caught:
+    # A collection during the create would push it past the budget: it would then land after
+    # the cancel and be deleted by the worker later (admission_cancel's path), not this one.
+    with pytest.raises(ReadinessTimeout) as caught, no_gc_pause():
         prov.provision(1, timeout=0.02)
     assert caught.value.ready_urls == []
     assert h.job_pods(prov.settings.job) == []
@@ -198,7 +215,7 @@ def exception_in_with(h: Harness) -> None:
 
 @window
 def lost_reply_late_landing(h: Harness) -> None:
-    prov = h.provisioner(api=fast_api(h, 0.03), settle_s=0.08, shared_api=False)
+    prov = h.provisioner(api=api_config(h, 0.03), settle_s=0.08, shared_api=False)
     hold = threading.Event()
     h.standin.inject(Fault("create", hold=hold))  # admission outlasts our 30 ms read timeout
     creates, reads = h.standin.count("create"), h.standin.count("read")
@@ -263,7 +280,7 @@ def readback_errors(h: Harness) -> None:
 
 @window
 def read_timeout_slow_admission(h: Harness) -> None:
-    prov = h.provisioner(api=fast_api(h, 0.03), shared_api=False)
+    prov = h.provisioner(api=api_config(h, 0.03), shared_api=False)
     hold = threading.Event()
     h.standin.inject(Fault("create", hold=hold))
     reads = h.standin.count("read")

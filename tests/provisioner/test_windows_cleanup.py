@@ -36,7 +36,7 @@ from .conftest import (
     READY_BUDGET,
     Harness,
     Window,
-    fast_api,
+    api_config,
     foreign_pod,
     names,
     register,
@@ -134,7 +134,7 @@ def delete_429(h: Harness) -> None:
 @window
 def delete_read_timeout(h: Harness) -> None:
     _delete_window(h, Fault("delete", delay=0.06), min_deletes=1,
-                   api=fast_api(h, 0.03), shared_api=False)
+                   api=api_config(h, 0.03), shared_api=False)
 
 
 # -- readiness and the cap ---------------------------------------------------------------------
