@@ -31,11 +31,15 @@ A command's background children that outlive a normally finished command keep ru
 ``cmd &`` in a terminal); their later output shows up in the next command's output.
 
 Known limits. The shell is non-interactive: under ``set -u`` an unset variable, and under
-``set -e`` a failing command, end the shell (reported as its exit, then recovered). bash's
+``set -e`` a failing command, end the shell (reported as its exit, then recovered); under
+``set -e`` a command also starts with ``$?`` 0, not the last status. A ``set -x`` trace marks the
+command's lines ``+++`` (it runs two ``eval`` levels deep). The protocol's functions and fd
+variables are read-only; its per-command ``__dy_*`` variables, set by a command, break that
+command alone (an error or a timeout, then recovery resets them). bash's
 runtime messages number lines of the shell's whole input ("bash: line 57: ..."); the syntax
 check's messages use the command's own line numbers. A frame that the shell never writes while
 it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an agent function
-named ``builtin`` that does not pass its arguments on; an agent function named ``local``, which
+named ``builtin`` or ``eval`` that does not pass its arguments on; one named ``local``, which
 leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered (with the
 function, which the snapshot keeps). Children that both scrub their environment and ``setsid``
 escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it writes a snapshot
@@ -63,15 +67,16 @@ from task_executor.framing import (
     Frame,
     FrameError,
     FrameParser,
+    RUN_LINE,
     ShellFds,
     bootstrap_script,
+    command_file,
     latest_state,
     ping_line,
     restore_line,
-    run_line,
 )
 from task_executor.output import CappedOutput
-from task_executor.syntax import CHECK_PREFIX, REFUSED_STATUS, tidy_message
+from task_executor.syntax import REFUSED_STATUS, tidy_message
 
 KILL_GRACE_S = 0.5
 """Seconds between SIGTERM and SIGKILL when a command's processes are killed."""
@@ -266,15 +271,12 @@ class ShellSession:
         out = CappedOutput(self._head, self._tail)
         since = reaper.boot_ticks()
         nonce = secrets.token_hex(16)
-        os.ftruncate(self._cmd_fd, 0)
-        os.pwrite(self._cmd_fd, _encode(CHECK_PREFIX + command), 0)
-        os.lseek(self._cmd_fd, 0, os.SEEK_SET)
-        line = run_line(nonce, self._fds(shell))
+        _rewrite(self._cmd_fd, command_file(nonce, _encode(command)))
         exit_code: int | None = None
         error: str | None = None
         timed_out = False
         try:
-            self._send(line)
+            self._send(RUN_LINE)
             frame = self._await_frame(nonce, out, started + limit)
             if frame is None:
                 timed_out = True
@@ -346,6 +348,11 @@ class ShellSession:
         poller.register(shell.status_fd, select.POLLIN)
         poller.register(shell.pid_fd, select.POLLIN)
         watch_output_at = None if out is None else time.monotonic() + _FRAME_FIRST_S
+        spin_until = time.monotonic() + float(os.environ.get("DY_SPIN", "0"))
+        while time.monotonic() < spin_until:
+            frame = _read_status(shell.status_fd, parser)
+            if frame is not None:
+                return frame
         while True:
             now = time.monotonic()
             remaining = deadline - now
@@ -384,9 +391,9 @@ class ShellSession:
             if out is not None:
                 out.write(chunk)
 
-    def _send(self, line: str) -> None:
+    def _send(self, line: str | bytes) -> None:
         assert self._shell is not None
-        data = line.encode()
+        data = line.encode() if isinstance(line, str) else line
         try:
             while data:
                 data = data[os.write(self._shell.stdin_fd, data) :]
@@ -431,8 +438,7 @@ class ShellSession:
         try:
             self._send(script)
             if restore is not None:
-                os.ftruncate(self._cmd_fd, 0)
-                os.pwrite(self._cmd_fd, restore, 0)
+                _rewrite(self._cmd_fd, restore)
                 self._send(restore_line(fds))
             nonce = secrets.token_hex(16)
             self._send(ping_line(nonce))
@@ -487,13 +493,15 @@ class ShellSession:
         shell = self._shell
         if shell is None:
             return False
+        # One waitid() that leaves the state in place (WNOWAIT), where reading /proc/PID/stat
+        # cost tens of microseconds on every command.
         try:
-            with open(f"/proc/{shell.pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+            change = os.waitid(
+                os.P_PID, shell.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT
+            )
+        except ChildProcessError:  # reaped already
             return False
-        state = stat[stat.rfind(b")") + 2 :][:1]
-        return state not in (b"Z", b"X", b"T", b"t")
+        return change is None
 
     def _shell_cwd(self) -> str | None:
         shell = self._shell
@@ -571,6 +579,14 @@ def _high_fd(fd: int) -> int:
     high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW_FD)
     os.close(fd)
     return high
+
+
+def _rewrite(fd: int, data: bytes) -> None:
+    """Make the memfd hold exactly ``data``, with the (shared) offset at its start. Cutting the
+    file after writing, not before, keeps its pages instead of freeing and allocating them."""
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.lseek(fd, 0, os.SEEK_SET)
 
 
 def _read_all(fd: int) -> bytes:

@@ -6,7 +6,7 @@ the 300 s timeout (Sandman table A26). Now each command is first parsed without 
 refused with bash's own message and exit status 2 if bash cannot parse all of it.
 
 How it parses without running, and without a fork: the command is stored after a first line
-``builtin set -n`` (:data:`CHECK_PREFIX`), and a shell function ``source``-s that file. ``source``
+``builtin set -n`` (:data:`CHECK_LINE`), and a shell function ``source``-s that file. ``source``
 parses and runs a file one command at a time; the first, ``set -n``, switches execution off, so
 every later command is only parsed (exactly what ``bash -n`` does to a script). ``set -n`` cannot
 be switched off by a command (none runs any more), but the function declared ``local -``, which
@@ -17,9 +17,9 @@ millisecond. ``source`` (unlike ``eval``) numbers lines from the start of the fi
 messages can be given the command's own line numbers. Nothing after ``source`` in that function
 would run either (``set -n`` is still on until it returns), so the function does nothing else;
 bash's messages go to a second file that the caller reads. (The function also switches off
-tracing, which would write into that file, and POSIX mode, in which a syntax error in a sourced
-file ends a non-interactive shell; and it writes with ``>|``, which the agent's ``set -C`` does
-not refuse.) ``local -`` is written without ``builtin``: ``local -`` run
+POSIX mode and ``set -e``, under either of which a syntax error in a sourced file ends a
+non-interactive shell; it writes with ``>|``, which the agent's ``set -C`` does not refuse; and
+it needs no guard against ``set -x``/``-v``, which the session keeps off between commands.) ``local -`` is written without ``builtin``: ``local -`` run
 from inside an agent's function named ``builtin`` would make the options local to *that*
 function, and ``set -n`` would stay on in the session's shell.
 
@@ -37,12 +37,12 @@ import re
 REFUSED_STATUS = 2
 """Exit status reported for a refused command (bash's own status for a syntax error)."""
 
-CHECK_PREFIX = "builtin set -n\n"
-"""One line written before the command in the file ``__dy_check`` reads (the session strips
-it, through the first newline, before running the command)."""
+CHECK_LINE = "builtin set -n"
+"""The first line of the file ``__dy_check`` reads, before the command (a comment may follow
+it on that line; the session strips the line before running the command)."""
 
 CHECK_FUNCTION = r"""
-__dy_parse() { { local -; builtin set +xv +o posix; } 2>/dev/null; builtin source "$1"; }
+__dy_parse() { local -; builtin set +e +o posix; builtin source "$1"; }
 __dy_check() {
   __dy_parse "$1" 2>|"$2" && __dy_chk=0 || __dy_chk=$?
   __dy_msg=
@@ -56,7 +56,7 @@ __dy_check() {
   return 0
 }
 """
-"""Defines ``__dy_check FILE MESSAGES``: FILE holds :data:`CHECK_PREFIX` then the command,
+"""Defines ``__dy_check FILE MESSAGES``: FILE holds :data:`CHECK_LINE` then the command,
 MESSAGES is a file bash's messages are written to; prints them, and returns 2 when bash refuses
 the command."""
 

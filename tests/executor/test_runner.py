@@ -260,9 +260,67 @@ def test_errexit_ends_the_shell_and_is_not_restored(shell: ShellSession) -> None
 def test_xtrace_shows_the_command_not_the_protocol(shell: ShellSession) -> None:
     shell.run("set -x")
     traced = shell.run("echo a")
+    pinged = shell.check_alive()  # a ping between commands is not traced into the next one
+    after_ping = shell.run("echo c")
     shell.run("set +x")
-    assert traced.output.splitlines() == ["++ echo a", "a"]
+    # One "+" per level of eval: the command runs two evals deep (the control line's and its
+    # own), so its trace starts with "+++" where a terminal shows "+".
+    assert traced.output.splitlines() == ["+++ echo a", "a"]
+    assert pinged and after_ping.output.splitlines() == ["+++ echo c", "c"]
     assert shell.run("echo b").output == "b\n"
+
+
+def test_verbose_echoes_the_command_not_the_protocol(shell: ShellSession) -> None:
+    # It echoed the control line (with the command's nonce) before every later command.
+    shell.run("set -v")
+    echoed = shell.run("echo a")
+    pinged = shell.check_alive()
+    after_ping = shell.run("echo c")
+    assert shell.run("set +v").output == "set +v\n"
+    assert echoed.output == "echo a\na\n"
+    assert pinged and after_ping.output == "echo c\nc\n"
+    assert shell.run("echo b").output == "b\n"
+
+
+def test_errexit_shell_runs_and_refuses_commands_and_keeps_the_option(
+    shell: ShellSession,
+) -> None:
+    # Under `set -e` every command used to end the shell in the protocol's own steps (a read
+    # at end of input) once they ran outside an && list, and a refused command ended it in the
+    # syntax check (a syntax error in a sourced file is fatal under errexit).
+    shell.run("set -e")
+    first_pid = shell.pid
+    assert shell.run("echo a").output == "a\n"
+    refused = shell.run("echo 'abc")
+    assert refused.exit_code == 2 and refused.error is None
+    assert "unexpected EOF" in refused.output
+    assert shell.run("echo $-").output.strip().count("e") == 1
+    assert shell.pid == first_pid
+    # Under errexit the last status is not handed on ($? starts at 0): a non-zero return at
+    # top level would end the shell before the command runs.
+    assert shell.run("echo $?").output == "0\n"
+
+
+def test_protocol_functions_and_fds_cannot_be_redefined(shell: ShellSession) -> None:
+    # A no-op __dy_pre was kept by the snapshot: every later command, across recoveries, was
+    # silently not run and answered "exit 0, no output".
+    for attempt in ("__dy_pre() { :; }", "unset -f __dy_post", "__dy_L=true", "__dy_sfd=1"):
+        refused = shell.run(attempt)
+        assert refused.exit_code == 1 and "readonly" in refused.output, attempt
+        assert shell.run("echo a").output == "a\n", attempt
+
+
+def test_a_broken_protocol_variable_costs_one_command(shell: ShellSession) -> None:
+    # The per-command variables cannot be read-only; one set wrong breaks one command at most:
+    # recovery resets them (the snapshot that brought them back is restored first).
+    shell.run("export KEPT=1")
+    broken = shell.run("__dy_skip=1", timeout=1.0)  # no frame for this command
+    assert broken.timed_out
+    assert shell.run("echo $KEPT").output == "1\n"
+    forged = shell.run("__dy_n=" + "0" * 32)  # the frame then carries another nonce
+    assert forged.exit_code is None and forged.error == "invalid frame: nonce of another command"
+    assert shell.run("echo b").output == "b\n"
+
 
 
 def test_timeout_kills_a_builtin_loop(shell: ShellSession) -> None:
@@ -536,13 +594,25 @@ def test_check_alive_reports_a_stopped_shell(shell: ShellSession) -> None:
     pid = shell.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.1)  # the stop is delivered
     started = time.monotonic()
     assert not shell.check_alive(within=2.0)
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 1.0  # seen in the process state, not as a late ping
     # The next command recovers the shell, state kept.
     assert shell.run("echo $KEPT").output == "1\n"
     assert shell.pid != pid and not alive(pid)
     assert shell.check_alive()
+
+
+def test_a_stopped_and_continued_shell_is_alive(shell: ShellSession) -> None:
+    pid = shell.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.1)
+    assert shell.check_alive()
+    assert shell.run("echo ok").output == "ok\n" and shell.pid == pid
 
 
 def test_check_alive_on_a_busy_shell_reports_the_process(
