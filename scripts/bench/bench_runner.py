@@ -1,5 +1,6 @@
-"""Benchmark the persistent shell directly (no HTTP): round trip of a trivial command, memory
-under an output flood, and the refusal time of unterminated input (Sandman tables A26, A27).
+"""Benchmark the persistent shell directly (no HTTP): round trip of a trivial command beside the
+floor of any shell behind pipes, the shell's CPU time per command, memory under an output flood,
+and the refusal time of unterminated input (Sandman tables A26, A27).
 
 Usage: python scripts/bench/bench_runner.py [--runs 500] [--flood-mib 1024]
 """
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,6 +35,50 @@ def percentile(samples: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class PipePingPong:
+    """The floor for any shell driven through pipes on this machine: a bash loop that answers
+    each line with one line on another pipe, and does nothing else. What it costs is the two
+    wake-ups of a round trip (on a VM, waking an idle vCPU is most of it)."""
+
+    def __init__(self) -> None:
+        self.answers, answer_w = os.pipe()
+        loop = f'while IFS= read -r line; do builtin printf "x\\n" >&{answer_w}; done'
+        self.proc = subprocess.Popen(["bash", "--norc", "-c", loop], stdin=subprocess.PIPE,
+                                     pass_fds=(answer_w,))
+        os.close(answer_w)
+        assert self.proc.stdin is not None
+        self.ask = self.proc.stdin.fileno()
+
+    def round_trip(self) -> None:
+        os.write(self.ask, b"hi\n")
+        select.select([self.answers], [], [])
+        assert os.read(self.answers, 64) == b"x\n"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self.answers)
+
+
+def interleaved(calls: dict[str, Callable[[], object]], runs: int,
+                blocks: int = 10) -> dict[str, list[float]]:
+    """Milliseconds per call, ``runs`` calls each, in blocks alternating between the calls."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for block in range(blocks):
+        for name in list(calls) if block % 2 == 0 else list(reversed(calls)):
+            for _ in range(runs // blocks):
+                started = time.perf_counter()
+                calls[name]()
+                samples[name].append((time.perf_counter() - started) * 1000)
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=500, help="echo round trips to time")
@@ -38,19 +86,26 @@ def main() -> None:
     args = parser.parse_args()
 
     env = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}
+    floor = PipePingPong()
     with tempfile.TemporaryDirectory() as cwd, ShellSession(cwd, env) as shell:
-        for _ in range(20):  # warm up: page cache, the shell's first forks
-            shell.run("echo hi")
-        samples = []
-        for _ in range(args.runs):
-            started = time.perf_counter()
+        def echo() -> None:
             result = shell.run("echo hi")
-            samples.append((time.perf_counter() - started) * 1000)
             assert result.exit_code == 0 and result.output == "hi\n", result
-        print(
-            f"echo hi, {args.runs} runs: p50 {statistics.median(samples):.2f} ms, "
-            f"p90 {percentile(samples, 90):.2f} ms, p99 {percentile(samples, 99):.2f} ms"
-        )
+
+        for _ in range(20):  # warm up: page cache, the shell's first forks
+            echo()
+            floor.round_trip()
+        shell_pid = shell.pid
+        assert shell_pid is not None
+        cpu_before = cpu_seconds(shell_pid)
+        samples = interleaved({"echo hi": echo, "pipe ping-pong": floor.round_trip}, args.runs)
+        shell_cpu_us = (cpu_seconds(shell_pid) - cpu_before) / len(samples["echo hi"]) * 1e6
+        floor.close()
+        for name, ms in samples.items():
+            print(f"{name}, {len(ms)} runs: p50 {statistics.median(ms):.3f} ms, "
+                  f"p90 {percentile(ms, 90):.3f} ms, p99 {percentile(ms, 99):.3f} ms")
+        print(f"the session's bash: {shell_cpu_us:.0f} us of CPU per echo hi "
+              "(check, run, frame, state snapshot)")
 
         refusals = []
         for command in ("cat > f <<EOF\nabc", "echo 'abc", 'python3 -c "\nprint(1)'):
