@@ -266,7 +266,20 @@ def latest_state(snapshots: list[bytes]) -> bytes:
     return best
 
 
+# What the protocol runs as a plain command name: a function by one of these names takes over
+# every later command (bash finds functions before builtins). Dropped on a restore, so that such
+# a function costs one timeout instead of every command after it. (An agent function named
+# `unset` would keep them; POSIX mode, which looks up `unset` first, cannot be switched on and
+# off again without changing the agent's shopt options.)
+_UNSHADOW = "\\unset -f eval builtin local return\n"
+
+
 def restore_line(fds: ShellFds) -> str:
     """Source the state in the command memfd (its lines for the protocol's read-only names fail
-    quietly), then reset the protocol's per-command variables, which it may carry broken."""
-    return f"{{ \\builtin source /proc/self/fd/{fds.command}; }} >/dev/null 2>&1\n" + _MUTABLE
+    quietly), then reset the protocol's per-command variables, which it may carry broken, and
+    drop functions that shadow what the protocol runs on."""
+    return (
+        f"{{ \\builtin source /proc/self/fd/{fds.command}; }} >/dev/null 2>&1\n"
+        + _MUTABLE
+        + _UNSHADOW
+    )

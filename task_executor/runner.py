@@ -40,8 +40,9 @@ runtime messages number lines of the shell's whole input ("bash: line 57: ...");
 check's messages use the command's own line numbers. A frame that the shell never writes while
 it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an agent function
 named ``builtin`` or ``eval`` that does not pass its arguments on; one named ``local``, which
-leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered (with the
-function, which the snapshot keeps). Children that both scrub their environment and ``setsid``
+leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered; the
+recovery drops agent functions named ``eval``, ``builtin``, ``local`` and ``return``, which
+would otherwise take over every later command too. Children that both scrub their environment and ``setsid``
 escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it writes a snapshot
 leaves the one before it (:func:`~task_executor.framing.latest_state`).
 """

@@ -310,6 +310,21 @@ def test_protocol_functions_and_fds_cannot_be_redefined(shell: ShellSession) -> 
         assert shell.run("echo a").output == "a\n", attempt
 
 
+@pytest.mark.parametrize("name", ["eval", "local", "builtin"])
+def test_a_function_shadowing_what_the_protocol_runs_costs_one_timeout(
+    shell: ShellSession, name: str
+) -> None:
+    # bash finds functions before builtins. The snapshot kept such a function, so every later
+    # command timed out, across recoveries; a recovery now drops it.
+    shell.run("export KEPT=1")
+    defined = shell.run(f"{name}() {{ :; }}", timeout=1.0)  # `builtin` stops this one's frame
+    after = shell.run("echo a", timeout=1.0)  # `eval` and `local` stop this one's
+    assert [defined.timed_out, after.timed_out].count(True) == 1
+    assert shell.run("echo $KEPT").output == "1\n"
+    assert shell.run(f"type -t {name}").output == "builtin\n"
+    assert shell.run("echo b").output == "b\n"
+
+
 def test_a_broken_protocol_variable_costs_one_command(shell: ShellSession) -> None:
     # The per-command variables cannot be read-only; one set wrong breaks one command at most:
     # recovery resets them (the snapshot that brought them back is restored first).
