@@ -54,25 +54,14 @@ def configure_logging(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> None:
-    from waitress import create_server
-
     from . import lifecycle
     from .app import create_app
+    from .server import make_server
 
     # Before the app exists: what a killed predecessor left must be gone before work starts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
     app = create_app(settings)
-    server = create_server(
-        app,
-        host=settings.host,
-        port=settings.port,
-        threads=settings.threads,
-        max_request_body_size=settings.max_body_bytes + 1024,
-        # Waitress's default (100) is below what one busy trainer keeps open (a pooled connection
-        # per live session and per grading), and a connection over it waits unanswered.
-        connection_limit=max(100, 4 * (settings.max_sessions + settings.threads)),
-        ident="dockyard",
-    )
+    server = make_server(app, settings)
     # Printed (and flushed) so scripts that start us on port 0 can learn the real port.
     print(
         f"task-executor {__version__} listening on http://{server.effective_host}:"

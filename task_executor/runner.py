@@ -42,9 +42,9 @@ it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an
 named ``builtin`` or ``eval`` that does not pass its arguments on; one named ``local``, which
 leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered; the
 recovery drops agent functions named ``eval``, ``builtin``, ``local`` and ``return``, which
-would otherwise take over every later command too. Children that both scrub their environment and ``setsid``
-escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it writes a snapshot
-leaves the one before it (:func:`~task_executor.framing.latest_state`).
+would otherwise take over every later command too. Children that both scrub their environment
+and ``setsid`` escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it
+writes a snapshot leaves the one before it (:func:`~task_executor.framing.latest_state`).
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ from dataclasses import dataclass
 from sandbox_client.protocol import ExecResult
 from task_executor import reaper
 from task_executor.framing import (
+    RUN_LINE,
     TOO_OLD_STATUS,
     Frame,
     FrameError,
     FrameParser,
-    RUN_LINE,
     ShellFds,
     bootstrap_script,
     command_file,

@@ -19,9 +19,10 @@ would run either (``set -n`` is still on until it returns), so the function does
 bash's messages go to a second file that the caller reads. (The function also switches off
 POSIX mode and ``set -e``, under either of which a syntax error in a sourced file ends a
 non-interactive shell; it writes with ``>|``, which the agent's ``set -C`` does not refuse; and
-it needs no guard against ``set -x``/``-v``, which the session keeps off between commands.) ``local -`` is written without ``builtin``: ``local -`` run
-from inside an agent's function named ``builtin`` would make the options local to *that*
-function, and ``set -n`` would stay on in the session's shell.
+it needs no guard against ``set -x``/``-v``, which the session keeps off between commands.)
+``local -`` is written without ``builtin``: ``local -`` run from inside an agent's function
+named ``builtin`` would make the options local to *that* function, and ``set -n`` would stay on
+in the session's shell.
 
 bash only *warns* about a here-document delimited by end of file and exits 0; that warning is a
 refusal too, since the heredoc would otherwise have swallowed the rest of the command.

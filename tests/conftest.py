@@ -96,12 +96,11 @@ class RunningExecutor:
 
 def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
     """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
-    from waitress import create_server
-
     from task_executor.app import create_app
+    from task_executor.server import make_server
 
     app = create_app(settings)
-    server = create_server(app, host="127.0.0.1", port=0, threads=settings.threads)
+    server = make_server(app, settings, host="127.0.0.1", port=0)
     stopping = threading.Event()
 
     def poll_until_stopped() -> None:
