@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -94,12 +95,11 @@ class RunningExecutor:
         return sorted((self.settings.base_dir / "work").glob("*"))
 
 
-def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
-    """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
-    from task_executor.app import create_app
+def serve_in_thread(app: Callable[..., Any], settings: Settings) -> tuple[Any, Callable[[], None]]:
+    """``app`` on the executor's own waitress server (``make_server``), on 127.0.0.1 port 0,
+    polled by a thread; returns the server and a function that stops it."""
     from task_executor.server import make_server
 
-    app = create_app(settings)
     server = make_server(app, settings, host="127.0.0.1", port=0)
     stopping = threading.Event()
 
@@ -110,13 +110,26 @@ def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], No
 
     thread = threading.Thread(target=poll_until_stopped, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{server.effective_port}"
 
     def stop() -> None:
         stopping.set()
         thread.join(timeout=10)
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=10)
         server.asyncore.close_all(server._map)  # the listener, open channels and the trigger
+
+    return server, stop
+
+
+def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
+    """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
+    from task_executor.app import create_app
+
+    app = create_app(settings)
+    server, stop_server = serve_in_thread(app, settings)
+    url = f"http://127.0.0.1:{server.effective_port}"
+
+    def stop() -> None:
+        stop_server()
         app.extensions["dockyard"].sessions.close_all()
 
     return RunningExecutor(url=url, settings=settings, token=settings.token), stop

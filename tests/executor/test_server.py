@@ -16,7 +16,8 @@ import pytest
 
 from sandbox_client.protocol import ErrorResponse
 from task_executor.config import Settings
-from task_executor.server import LifoCondition, make_server
+from task_executor.server import LifoCondition
+from tests.conftest import serve_in_thread
 
 THREADS = 8
 
@@ -54,25 +55,14 @@ def test_notify_wakes_the_newest_waiter_and_notify_all_the_rest() -> None:
 
 @contextmanager
 def serving(app: Callable[..., Any], tmp_path: Path) -> Iterator[http.client.HTTPConnection]:
-    """``app`` on the executor's own waitress server (``make_server``), on a loopback port."""
-    server = make_server(app, Settings(base_dir=tmp_path, threads=THREADS), "127.0.0.1", 0)
-    stopping = threading.Event()
-
-    def loop() -> None:
-        while not stopping.is_set():
-            server.asyncore.loop(timeout=0.05, map=server._map, count=1)
-
-    poller = threading.Thread(target=loop, daemon=True)
-    poller.start()
+    """``app`` on the executor's own waitress server, and a connection to it."""
+    server, stop = serve_in_thread(app, Settings(base_dir=tmp_path, threads=THREADS))
     connection = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=10)
     try:
         yield connection
     finally:
         connection.close()
-        stopping.set()
-        poller.join(10)
-        server.task_dispatcher.shutdown(cancel_pending=True, timeout=10)
-        server.asyncore.close_all(server._map)
+        stop()
     assert not server.task_dispatcher.threads  # every worker ended
 
 
