@@ -349,11 +349,6 @@ class ShellSession:
         poller.register(shell.status_fd, select.POLLIN)
         poller.register(shell.pid_fd, select.POLLIN)
         watch_output_at = None if out is None else time.monotonic() + _FRAME_FIRST_S
-        spin_until = time.monotonic() + float(os.environ.get("DY_SPIN", "0"))
-        while time.monotonic() < spin_until:
-            frame = _read_status(shell.status_fd, parser)
-            if frame is not None:
-                return frame
         while True:
             now = time.monotonic()
             remaining = deadline - now
