@@ -196,7 +196,7 @@ __dy_post() {
 __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
 """.replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
 
-RUN_LINE = b'\\eval "$__dy_L"\n'
+RUN_LINE = '\\eval "$__dy_L"\n'
 """The control line that checks and runs the command in the command memfd and frames its
 status. It is short on purpose: bash reads a pipe one byte per system call, and the text it
 runs (:func:`_run_text`, in ``__dy_L``) is set once per shell."""

@@ -387,9 +387,9 @@ class ShellSession:
             if out is not None:
                 out.write(chunk)
 
-    def _send(self, line: str | bytes) -> None:
+    def _send(self, line: str) -> None:
         assert self._shell is not None
-        data = line.encode() if isinstance(line, str) else line
+        data = line.encode()
         try:
             while data:
                 data = data[os.write(self._shell.stdin_fd, data) :]
