@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 from . import isolation, lifecycle, metrics, requestlog
 from .capacity import Slots
 from .config import Settings
-from .errors import ExecutorError, Unauthorized
+from .errors import ExecutorError, Unauthorized, http_error_code
 from .grading import REPORTER_DIR, Grader, sandbox_env
 from .mirrors import MirrorCache
 from .sessions import SessionManager
@@ -132,7 +132,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(HTTPException)
     def render_http_error(exc: HTTPException) -> Response:
-        code = (exc.name or "http_error").lower().replace(" ", "_")
+        code = http_error_code(exc.name or "http error")
         # Keep the headers the exception carries (Allow on a 405), not its HTML content type.
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
         return error_response(code, exc.description or exc.name, exc.code or 500, headers)

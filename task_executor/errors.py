@@ -16,6 +16,12 @@ Routes raise them; one handler on the app renders
 from __future__ import annotations
 
 
+def http_error_code(reason: str) -> str:
+    """The error code of an HTTP error that is not one of ours (raised by Flask/werkzeug, or
+    answered by waitress before the app): its reason phrase in snake case."""
+    return reason.lower().replace(" ", "_")
+
+
 class ExecutorError(Exception):
     """Base class: ``code`` and ``http_status`` decide how the error is rendered."""
 

@@ -31,6 +31,7 @@ from waitress.task import ErrorTask, ThreadedTaskDispatcher
 
 from sandbox_client.protocol import ErrorDetail, ErrorResponse
 from task_executor.config import Settings
+from task_executor.errors import http_error_code
 
 
 class LifoCondition:
@@ -78,7 +79,7 @@ class JsonErrorTask(ErrorTask):
     def execute(self) -> None:
         error = self.request.error
         detail = ErrorDetail(
-            code=error.reason.lower().replace(" ", "_"), message=f"{error.reason}: {error.body}"
+            code=http_error_code(error.reason), message=f"{error.reason}: {error.body}"
         )
         body = ErrorResponse(error=detail).model_dump_json().encode()
         self.status = f"{error.code} {error.reason}"
