@@ -285,9 +285,9 @@ def test_verbose_echoes_the_command_not_the_protocol(shell: ShellSession) -> Non
 def test_errexit_shell_runs_and_refuses_commands_and_keeps_the_option(
     shell: ShellSession,
 ) -> None:
-    # Under `set -e` every command used to end the shell in the protocol's own steps (a read
-    # at end of input) once they ran outside an && list, and a refused command ended it in the
-    # syntax check (a syntax error in a sourced file is fatal under errexit).
+    # A refused command ended the shell in the syntax check (a syntax error in a sourced file is
+    # fatal under errexit), and bash's message was lost; the protocol's own steps, run outside
+    # an && list now, must not trip errexit either (its read of the command ends at EOF: 1).
     shell.run("set -e")
     first_pid = shell.pid
     assert shell.run("echo a").output == "a\n"
@@ -335,7 +335,6 @@ def test_a_broken_protocol_variable_costs_one_command(shell: ShellSession) -> No
     forged = shell.run("__dy_n=" + "0" * 32)  # the frame then carries another nonce
     assert forged.exit_code is None and forged.error == "invalid frame: nonce of another command"
     assert shell.run("echo b").output == "b\n"
-
 
 
 def test_timeout_kills_a_builtin_loop(shell: ShellSession) -> None:
@@ -553,19 +552,19 @@ def test_a26_an_agent_function_named_builtin_does_not_leave_the_shell_parsing_on
     assert shell.run("echo after").output == "after\n"
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a26_heredoc_warning_has_the_commands_line_numbers(shell: ShellSession) -> None:
     message = shell.run("cat <<EOF\nabc").output
     assert "here-document at line 1" in message
 
 
 # -- A27: floods -----------------------------------------------------------------------------
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
 
 
 def test_a27_64_mib_flood_keeps_memory_flat(shell: ShellSession) -> None:
