@@ -1,6 +1,7 @@
-"""Benchmark the persistent shell directly (no HTTP): round trip of a trivial command beside the
-floor of any shell behind pipes, the shell's CPU time per command, memory under an output flood,
-and the refusal time of unterminated input (Sandman tables A26, A27).
+"""Benchmark the persistent shell directly (no HTTP): round trip of a trivial command, the
+shell's CPU time per command, the floor of any shell behind pipes (a bare ping-pong on one CPU
+and on two), memory under an output flood, and the refusal time of unterminated input (Sandman
+tables A26, A27).
 
 Usage: python scripts/bench/bench_runner.py [--runs 500] [--flood-mib 1024]
 """
@@ -44,7 +45,8 @@ def cpu_seconds(pid: int) -> float:
 class PipePingPong:
     """The floor for any shell driven through pipes on this machine: a bash loop that answers
     each line with one line on another pipe, and does nothing else. What it costs is the two
-    wake-ups of a round trip (on a VM, waking an idle vCPU is most of it)."""
+    wake-ups of a round trip, timed with both processes pinned to one CPU and to two (on a VM,
+    waking an idle vCPU is most of the second)."""
 
     def __init__(self) -> None:
         self.answers, answer_w = os.pipe()
@@ -54,11 +56,24 @@ class PipePingPong:
         os.close(answer_w)
         assert self.proc.stdin is not None
         self.ask = self.proc.stdin.fileno()
+        self.placement: tuple[int, int] | None = None
 
     def round_trip(self) -> None:
         os.write(self.ask, b"hi\n")
         select.select([self.answers], [], [])
         assert os.read(self.answers, 64) == b"x\n"
+
+    def pinned(self, own_cpu: int, bash_cpu: int) -> Callable[[], None]:
+        """A round trip with this process on ``own_cpu`` and the bash loop on ``bash_cpu``."""
+
+        def call() -> None:
+            if self.placement != (own_cpu, bash_cpu):
+                os.sched_setaffinity(0, {own_cpu})
+                os.sched_setaffinity(self.proc.pid, {bash_cpu})
+                self.placement = (own_cpu, bash_cpu)
+            self.round_trip()
+
+        return call
 
     def close(self) -> None:
         self.proc.kill()
@@ -86,7 +101,6 @@ def main() -> None:
     args = parser.parse_args()
 
     env = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}
-    floor = PipePingPong()
     with tempfile.TemporaryDirectory() as cwd, ShellSession(cwd, env) as shell:
         def echo() -> None:
             result = shell.run("echo hi")
@@ -94,13 +108,22 @@ def main() -> None:
 
         for _ in range(20):  # warm up: page cache, the shell's first forks
             echo()
-            floor.round_trip()
         shell_pid = shell.pid
         assert shell_pid is not None
         cpu_before = cpu_seconds(shell_pid)
-        samples = interleaved({"echo hi": echo, "pipe ping-pong": floor.round_trip}, args.runs)
+        samples = interleaved({"echo hi": echo}, args.runs)
         shell_cpu_us = (cpu_seconds(shell_pid) - cpu_before) / len(samples["echo hi"]) * 1e6
-        floor.close()
+
+        floor, own_cpus = PipePingPong(), os.sched_getaffinity(0)
+        first, *others = sorted(own_cpus)
+        placements = {"pipe ping-pong, one CPU": floor.pinned(first, first)}
+        if others:
+            placements["pipe ping-pong, two CPUs"] = floor.pinned(first, others[0])
+        try:
+            samples |= interleaved(placements, args.runs)
+        finally:
+            os.sched_setaffinity(0, own_cpus)
+            floor.close()
         for name, ms in samples.items():
             print(f"{name}, {len(ms)} runs: p50 {statistics.median(ms):.3f} ms, "
                   f"p90 {percentile(ms, 90):.3f} ms, p99 {percentile(ms, 99):.3f} ms")
