@@ -8,9 +8,9 @@ so with 32 threads and one trainer driving one session, each request lands on th
 has slept the longest: its stack and the objects it touches are cold by then, and on a VM its
 vCPU may be too. Waking the thread that went idle last keeps a few threads hot and the rest
 asleep; the pool still grows to every thread under concurrent load, and the queue of requests
-itself stays first in, first out. (On this project's 2-core VM, newest first took 0.23-0.27 ms
-off an exec round trip in an interleaved A/B against waitress's order:
-``scripts/bench/README.md``.)
+itself stays first in, first out. (On this project's 2-core VM newest first took 0.15-0.25 ms
+off an exec round trip, side by side with waitress's order: ``scripts/bench/bench_ab.py``,
+figures in ``scripts/bench/README.md``.)
 
 **Errors waitress answers itself** (:class:`JsonErrorTask`): a request it refuses before the app
 sees it (a body over ``max_request_body_size``, a bad ``Content-Length``, an unknown
