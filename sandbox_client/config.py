@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from .protocol import GradingSpec
+from .protocol import GradingSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 URLS_ENV = "DOCKYARD_SANDBOX_URLS"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import pydantic
 
+from .config import ClientConfig
 from .errors import ExecutorRejected, ProtocolError, TaskExecutorError
 from .protocol import (
     ExecRequest,
@@ -26,12 +27,21 @@ from .protocol import (
     SessionState,
 )
 
-if TYPE_CHECKING:
-    from .client import SandboxClient
-
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class SessionTransport(Protocol):
+    """What a session needs of the client that started it (``SandboxClient`` is one): its config
+    and one call on one executor. Typed here, so this module never imports the client."""
+
+    config: ClientConfig
+
+    def _call(
+        self, url: str, method: str, path: str, model: type[M] | None, *,
+        read_timeout: float, **send: Any
+    ) -> Any: ...
 
 
 class RemoteSession:
@@ -40,7 +50,7 @@ class RemoteSession:
 
     def __init__(
         self,
-        client: SandboxClient,
+        client: SessionTransport,
         url: str,
         started: SessionStartResult,
         *,

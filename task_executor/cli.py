@@ -8,9 +8,9 @@ import logging.handlers
 import sys
 from collections.abc import Sequence
 
-from . import __version__
-from .config import Settings, settings_from_env
-from .requestlog import RequestIdFilter
+from task_executor import __version__
+from task_executor.config import Settings, settings_from_env
+from task_executor.service.requestlog import RequestIdFilter
 
 log = logging.getLogger("task_executor")
 
@@ -54,9 +54,9 @@ def configure_logging(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> None:
-    from . import lifecycle
-    from .app import create_app
-    from .server import make_server
+    from task_executor.service import lifecycle
+    from task_executor.service.app import create_app
+    from task_executor.service.server import make_server
 
     # Before the app exists: what a killed predecessor left must be gone before work starts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"task-executor: invalid configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings)
-    from .lifecycle import BaseDirInUse
+    from task_executor.service.lifecycle import BaseDirInUse
 
     try:
         serve(settings)

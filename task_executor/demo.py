@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gitcmd import git
+from task_executor.workspaces.gitcmd import git
 
 BASE_FILES = {
     "calc/__init__.py": (

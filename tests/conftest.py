@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _no_mount_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
     """Overlay mounts left under a test's tmp_path (a SIGKILLed executor leaves them, as a
     crash would) would make pytest's cleanup of old tmp directories fail in a later run."""
-    from task_executor.lifecycle import unmount_under
+    from task_executor.service.lifecycle import unmount_under
 
     used = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
@@ -98,7 +98,7 @@ class RunningExecutor:
 def serve_in_thread(app: Callable[..., Any], settings: Settings) -> tuple[Any, Callable[[], None]]:
     """``app`` on the executor's own waitress server (``make_server``), on 127.0.0.1 port 0,
     polled by a thread; returns the server and a function that stops it."""
-    from task_executor.server import make_server
+    from task_executor.service.server import make_server
 
     server = make_server(app, settings, host="127.0.0.1", port=0)
     stopping = threading.Event()
@@ -122,7 +122,7 @@ def serve_in_thread(app: Callable[..., Any], settings: Settings) -> tuple[Any, C
 
 def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
     """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
-    from task_executor.app import create_app
+    from task_executor.service.app import create_app
 
     app = create_app(settings)
     server, stop_server = serve_in_thread(app, settings)

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from task_executor.lifecycle import unmount_under  # noqa: E402
+from task_executor.service.lifecycle import unmount_under  # noqa: E402
 
 BODY = json.dumps({"command": "echo hi", "timeout": 60})
 HEADERS = {"Content-Type": "application/json"}

@@ -45,7 +45,7 @@ from sandbox_client import SandboxClient  # noqa: E402
 from sandbox_client.config import ClientConfig  # noqa: E402
 from sandbox_client.errors import TaskExecutorError  # noqa: E402
 from task_executor import reaper  # noqa: E402
-from task_executor.lifecycle import owner_entries  # noqa: E402
+from task_executor.service.lifecycle import owner_entries  # noqa: E402
 
 # Graded pytest runs must not load every plugin installed beside the benchmark (slow, noisy).
 FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from task_executor.runner import ShellSession  # noqa: E402
+from task_executor.sessions.runner import ShellSession  # noqa: E402
 
 
 def rss_mib() -> float:

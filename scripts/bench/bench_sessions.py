@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sandbox_client import RemoteSession, SandboxClient  # noqa: E402
-from sandbox_client.fleet import descendants  # noqa: E402
-from task_executor.lifecycle import unmount_under  # noqa: E402
+from sandbox_client.cli.fleet import descendants  # noqa: E402
+from task_executor.service.lifecycle import unmount_under  # noqa: E402
 
 ECHO = "echo hi"
 CLIENTS = ("http.client", "requests")

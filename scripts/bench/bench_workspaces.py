@@ -64,15 +64,15 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sandbox_client.fleet import descendants  # noqa: E402
+from sandbox_client.cli.fleet import descendants  # noqa: E402
 from task_executor import isolation  # noqa: E402
 from task_executor.config import Settings  # noqa: E402
-from task_executor.gitcmd import git  # noqa: E402
-from task_executor.grading import sandbox_env  # noqa: E402
-from task_executor.lifecycle import mounts_under  # noqa: E402
-from task_executor.mirrors import MirrorCache  # noqa: E402
-from task_executor.templates import TemplateCache  # noqa: E402
-from task_executor.workspace import Workspace, WorkspaceFactory  # noqa: E402
+from task_executor.grading.grader import sandbox_env  # noqa: E402
+from task_executor.service.lifecycle import mounts_under  # noqa: E402
+from task_executor.workspaces.gitcmd import git  # noqa: E402
+from task_executor.workspaces.mirrors import MirrorCache  # noqa: E402
+from task_executor.workspaces.templates import TemplateCache  # noqa: E402
+from task_executor.workspaces.workspace import Workspace, WorkspaceFactory  # noqa: E402
 
 FIXED_PATH = "/testbed"
 MIN_REPS = 3

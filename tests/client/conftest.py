@@ -179,7 +179,7 @@ def demo_instance(demo: Any, instance_id: str, **overrides: Any) -> dict[str, An
 def process_executors(tmp_path: Any) -> Iterator[Callable[[int], list[Any]]]:
     """Start real executor subprocesses (``python -m task_executor serve --port 0``), which a
     test may SIGKILL; all are stopped after the test."""
-    from sandbox_client.fleet import start_worker, stop_workers, wait_ready
+    from sandbox_client.cli.fleet import start_worker, stop_workers, wait_ready
 
     started: list[Any] = []
 
@@ -198,7 +198,7 @@ def process_executors(tmp_path: Any) -> Iterator[Callable[[int], list[Any]]]:
     stop_workers(started, grace=5.0)
     # A worker the test SIGKILLed left its sandboxes and overlay mounts behind, as a crashed
     # executor does; the next start on that directory would clean them, so do that here.
-    from task_executor.lifecycle import clean_base_dir
+    from task_executor.service.lifecycle import clean_base_dir
 
     for base in sorted((tmp_path / "fleet").glob("worker-*")):
         clean_base_dir(base)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_client.cli.report import GradeReport, instance_entry, write_json_atomic
+from sandbox_client.cli.swebench import InputError, Prediction
 from sandbox_client.protocol import TaskResult
-from sandbox_client.report import GradeReport, instance_entry, write_json_atomic
-from sandbox_client.swebench import InputError, Prediction
 
 RUN_FIELDS = {
     "total_instances",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_client.swebench import (
+from sandbox_client.cli.swebench import (
     InputError,
     Prediction,
     RepoMapper,

@@ -11,7 +11,7 @@ import requests
 from openapi_spec_validator import validate
 
 from task_executor.cli import main
-from task_executor.openapi import openapi_document
+from task_executor.service.openapi import openapi_document
 
 
 def test_serve_grades_and_logs_one_line_per_task(tmp_path, demo_task):

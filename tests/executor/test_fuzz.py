@@ -27,7 +27,7 @@ from schemathesis.checks import not_a_server_error
 
 from task_executor.config import Settings
 from task_executor.demo import DemoTask, make_demo_task
-from task_executor.mirrors import is_remote
+from task_executor.workspaces.mirrors import is_remote
 from tests.conftest import FAST_PYTEST_ENV, RunningExecutor, start_executor
 from tests.executor.test_lifecycle import assert_nothing_left
 

@@ -25,10 +25,10 @@ import requests
 from sandbox_client import SandboxClient
 from sandbox_client.errors import TaskExecutorError
 from sandbox_client.protocol import TaskResult
-from task_executor import reaper
 from task_executor.demo import DemoTask
-from task_executor.grading import OWNER_VARIABLE
-from task_executor.lifecycle import clean_base_dir, mounts_under, owner_entries
+from task_executor.grading.grader import OWNER_VARIABLE
+from task_executor.sandbox import reaper
+from task_executor.service.lifecycle import clean_base_dir, mounts_under, owner_entries
 from tests.conftest import FAST_PYTEST_ENV
 
 SLOW_TESTS = "python -m pytest -p no:cacheprovider tests/test_calc.py"

@@ -15,8 +15,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from task_executor.metrics import ExecutorMetrics
-from task_executor.requestlog import HEADER, RequestIdFilter, sanitize
+from task_executor.service.metrics import ExecutorMetrics
+from task_executor.service.requestlog import HEADER, RequestIdFilter, sanitize
 from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
 from tests.executor.test_lifecycle import serving
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from task_executor.diffs import split_patch, touched_paths
-from task_executor.results import ReportedTests, exit_status_conflict
-from task_executor.testconfig import is_test_config_file, restore_test_sections
+from task_executor.grading.diffs import split_patch, touched_paths
+from task_executor.grading.results import ReportedTests, exit_status_conflict
+from task_executor.grading.testconfig import is_test_config_file, restore_test_sections
 
 TWO_FILES = (
     "diff --git a/a.py b/a.py\r\n--- a/a.py\r\n+++ b/a.py\r\n@@ -1 +1 @@\r\n-x\r\n+y\r\n"

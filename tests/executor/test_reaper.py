@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from task_executor import reaper
+from task_executor.sandbox import reaper
 from tests.processes import alive
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.framing import (
+from task_executor.sessions.framing import (
     Frame,
     FrameParser,
     IncompleteFrame,
     InvalidFrame,
     latest_state,
 )
-from task_executor.runner import SessionClosed, ShellSession, ShellStartError
+from task_executor.sessions.runner import SessionClosed, ShellSession, ShellStartError
 from tests.processes import alive
 
 NONCE = "0123456789abcdef0123456789abcdef"

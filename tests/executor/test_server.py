@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_client.protocol import ErrorResponse
 from task_executor.config import Settings
-from task_executor.server import LifoCondition
+from task_executor.service.server import LifoCondition
 from tests.conftest import serve_in_thread
 
 THREADS = 8

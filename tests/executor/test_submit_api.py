@@ -286,7 +286,7 @@ def test_openapi_document_describes_the_protocol(executor):
 def test_health_reports_mode_and_version(executor):
     health = executor.get("/health").json()
     assert health["status"] == "ok"
-    from task_executor.isolation import detect
+    from task_executor.sandbox.isolation import detect
 
     caps = detect(executor.settings.base_dir)
     expected = ("overlay" if caps.overlay else "copy") if caps.mount_namespace else "git-clone"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.isolation import detect
-from task_executor.mirrors import MirrorCache
-from task_executor.templates import TemplateCache
-from task_executor.workspace import SetupFailed
+from task_executor.sandbox.isolation import detect
+from task_executor.workspaces.mirrors import MirrorCache
+from task_executor.workspaces.templates import TemplateCache
+from task_executor.workspaces.workspace import SetupFailed
 from tests.conftest import FAST_PYTEST_ENV
 from tests.executor.test_sessions_api import _exec, _finish, _start
 

@@ -1,0 +1,113 @@
+"""``dockyard grade``: SWE-bench predictions graded over a fleet, resumable, into one report.
+
+Empty patches are not sent (SWE-bench counts them as ``empty_patch``). An ``execution_error`` is
+no verdict, so the task is sent again (the round-robin moves it to another executor) up to
+``max_error_retries`` times; what still has no verdict is reported under ``error_ids`` and graded
+again by the next run with the same report file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, TypeVar
+
+from ..client import SandboxClient
+from ..errors import ExecutorBusy, ExecutorRejected, TaskExecutorError
+from ..protocol import TaskResult, TaskSpec
+from ..reward import error_result
+from .progress import Progress
+from .report import CATEGORIES, GradeReport, instance_entry
+from .swebench import Prediction, RepoMapper, task_spec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def run_with_retries(
+    client: SandboxClient, spec: TaskSpec, max_error_retries: int
+) -> tuple[TaskResult, int]:
+    """Grade until there is a verdict or the retries are spent; returns (result, attempts).
+
+    A 4xx rejection other than 429 (bad request, unknown repo, wrong token) is final: sending it
+    again, anywhere, would be refused again.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            result = client.run_task(spec)
+        except TaskExecutorError as exc:
+            result = error_result(spec.task_id, exc)
+            final = isinstance(exc, ExecutorRejected) and not isinstance(exc, ExecutorBusy)
+            if final and exc.status < 500:
+                return result, attempts
+        if result.status != "execution_error" or attempts > max_error_retries:
+            return result, attempts
+        log.warning(
+            "task %s: execution_error (%s); retry %d of %d",
+            spec.task_id,
+            result.error,
+            attempts,
+            max_error_retries,
+        )
+
+
+def run_parallel(work: Callable[[T], None], items: Iterable[T], workers: int) -> None:
+    """Run ``work`` over ``items`` on ``workers`` threads; on Ctrl-C stop queueing and re-raise
+    (tasks in flight still finish and record their results)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dockyard")
+    try:
+        futures = [pool.submit(work, item) for item in items]
+        for future in as_completed(futures):
+            future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def grade_predictions(
+    client: SandboxClient,
+    instances: Mapping[str, Mapping[str, Any]],
+    predictions: Mapping[str, Prediction],
+    report: GradeReport,
+    *,
+    repos: RepoMapper,
+    workers: int,
+    max_error_retries: int = 2,
+    timeout: float | None = None,
+    progress: Progress | None = None,
+) -> GradeReport:
+    """Grade every prediction the report does not already hold a verdict for."""
+    todo = [p for p in predictions.values() if not report.is_done(p)]
+    skipped = len(predictions) - len(todo)
+    if skipped:
+        log.info("resuming: %d of %d instances already graded", skipped, len(predictions))
+    # Build every spec before sending anything: bad input fails the run now, not at item 900.
+    specs = {
+        p.instance_id: task_spec(instances[p.instance_id], p.model_patch, repos, timeout=timeout)
+        for p in todo
+        if not p.is_empty
+    }
+    progress = progress or Progress(len(todo), CATEGORIES)
+
+    def grade_one(prediction: Prediction) -> None:
+        if prediction.is_empty:
+            entry = instance_entry(prediction, None, 0)
+        else:
+            result, attempts = run_with_retries(
+                client, specs[prediction.instance_id], max_error_retries
+            )
+            entry = instance_entry(prediction, result, attempts)
+        report.record(prediction.instance_id, entry)
+        progress.advance(entry["category"])
+
+    report.save()
+    try:
+        run_parallel(grade_one, todo, workers)
+    finally:
+        progress.finish()
+    return report

@@ -1,0 +1,286 @@
+"""Grading one patch: fresh tree, setup, agent patch, gold test patch, tests, verdict.
+
+Single-shot submissions and session finishes both come through ``Grader.grade``, so the same patch
+gets the same verdict either way. Nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox_client.protocol import GradingSpec, PhaseTimings, TaskResult, TaskSpec, TestSplit
+from task_executor.config import Settings
+from task_executor.errors import InvalidRequest, RepoError
+from task_executor.sandbox.command import CommandOutcome, run_command
+from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
+
+from .diffs import split_patch, touched_paths
+from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
+from .results import ReportedTests, exit_status_conflict, read_report
+
+log = logging.getLogger(__name__)
+
+REPORTER_DIR = Path(__file__).resolve().parent / "reporter"
+OWNER_VARIABLE = "DOCKYARD_EXECUTOR"
+
+
+@dataclass
+class GradingJob:
+    """Everything one grading needs; built from a TaskSpec or from a finished session."""
+
+    task_id: str
+    repo: str
+    base_commit: str
+    patch: str
+    spec: GradingSpec
+    setup: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    deny_network: bool | None = None
+    """None: the executor's default (deny whenever the egress guard is available)."""
+
+    @classmethod
+    def from_task(cls, spec: TaskSpec) -> GradingJob:
+        return cls(
+            task_id=spec.task_id,
+            repo=spec.repo,
+            base_commit=spec.base_commit,
+            patch=spec.patch,
+            spec=spec,
+            setup=list(spec.setup),
+            env=dict(spec.env),
+            deny_network=spec.deny_network,
+        )
+
+
+class _Verdict(Exception):
+    """Ends a grading early with a final status (raised inside ``Grader._run``)."""
+
+    def __init__(self, status: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def default_test_command(spec: GradingSpec) -> str:
+    """pytest over the Python files the test patch leaves in place (else the named test files)."""
+    _, sections = split_patch(spec.test_patch)
+    files = sorted({s.new_path for s in sections if s.new_path and s.new_path.endswith(".py")})
+    if not files:
+        named = [test.split("::", 1)[0] for test in [*spec.fail_to_pass, *spec.pass_to_pass]]
+        files = sorted({name for name in named if name.endswith(".py")})
+    return " ".join(["python -m pytest -p no:cacheprovider", *map(shlex.quote, files)])
+
+
+def log_parser_for(spec: GradingSpec, command: str) -> str:
+    if spec.log_parser:
+        return spec.log_parser
+    return "django" if "runtests.py" in command else "pytest"
+
+
+def sandbox_env(settings: Settings, tmp: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of code under test: built from scratch, never the executor's own.
+
+    The executor's token and settings live in its environment; none of it is passed on.
+    """
+    env = {
+        # Every process this executor starts carries its base directory, so a restarted or
+        # shutting-down executor can find and kill everything it (or its predecessor) left.
+        OWNER_VARIABLE: str(settings.base_dir),
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": f"{tmp}/home",
+        "TMPDIR": tmp,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PIP_NO_INPUT": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    env.update(extra)
+    return env
+
+
+class Grader:
+    """Grades jobs in workspaces made by ``workspaces``."""
+
+    def __init__(self, settings: Settings, workspaces: WorkspaceFactory) -> None:
+        self.settings = settings
+        self.workspaces = workspaces
+
+    def default_denies_network(self) -> bool:
+        if self.settings.deny_network is None:
+            return self.workspaces.sandbox.can_deny_network
+        return self.settings.deny_network
+
+    def resolve_deny_network(self, requested: bool | None) -> bool:
+        """Whether code under test runs without network; fails closed (4xx) when it cannot."""
+        wanted = requested if requested is not None else self.default_denies_network()
+        if wanted and not self.workspaces.sandbox.can_deny_network:
+            raise InvalidRequest(
+                "egress denial was requested but this executor cannot provide it "
+                "(no network namespaces); see /health",
+                code="egress_guard_unavailable",
+            )
+        return wanted
+
+    def grade(self, job: GradingJob) -> TaskResult:
+        """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
+        if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
+            raise InvalidRequest(
+                "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
+            )
+        deny_network = self.resolve_deny_network(job.deny_network)
+        started = time.monotonic()
+        timeout = job.spec.timeout or self.settings.task_timeout
+        result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
+        phases = PhaseTimings()
+        workspace: Workspace | None = None
+        log_parts: list[str] = []
+        try:
+            mark = time.monotonic()
+            workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
+            # Setup runs inside create: per workspace in git-clone mode, once per template else.
+            phases.setup = workspace.setup_s
+            phases.checkout = time.monotonic() - mark - workspace.setup_s
+            self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
+        except _Verdict as verdict:
+            result.status = verdict.status  # type: ignore[assignment]
+            result.resolved = None if verdict.status == "execution_error" else False
+            result.error, result.error_code = str(verdict), verdict.code
+        except RepoError:
+            raise
+        except SetupFailed as exc:
+            result.status, result.resolved = "execution_error", None
+            result.error, result.error_code = str(exc), exc.code
+        except Exception as exc:
+            log.exception("grading %s failed", job.task_id)
+            result.status, result.resolved = "execution_error", None
+            result.error, result.error_code = f"internal error: {exc}", "internal_error"
+        finally:
+            if workspace is not None:
+                mark = time.monotonic()
+                workspace.destroy()
+                phases.cleanup = time.monotonic() - mark
+            result.phases = PhaseTimings(
+                **{name: round(seconds, 4) for name, seconds in phases.model_dump().items()}
+            )
+            result.duration_s = round(time.monotonic() - started, 4)
+            result.log = "".join(log_parts)[-self.settings.log_tail_bytes :]
+            log.info(
+                "task %s status=%s duration=%.2fs", job.task_id, result.status, result.duration_s
+            )
+        return result
+
+    def _run(
+        self,
+        job: GradingJob,
+        workspace: Workspace,
+        deadline: float,
+        result: TaskResult,
+        phases: PhaseTimings,
+        log_parts: list[str],
+        deny_network: bool,
+    ) -> None:
+        tree = workspace.path
+        report_name = f"report-{uuid.uuid4().hex}.jsonl"
+        env = workspace.sandbox_env(job.env)
+
+        mark = time.monotonic()
+        try:
+            agent = apply_agent_patch(tree, workspace.base_commit, job.patch)
+        except PatchFailed as exc:
+            log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
+            raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
+        result.patch_applied = agent.applied
+        result.excluded_files = agent.excluded_files
+        try:
+            force_apply_test_patch(tree, workspace.base_commit, job.spec.test_patch)
+        except PatchFailed as exc:
+            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+        # Files git wrote belong to root; code under test may run as an unprivileged uid.
+        if workspace.factory.sandbox.run_as is not None:
+            workspace.factory.hand_over_paths(
+                workspace, touched_paths(job.patch) | touched_paths(job.spec.test_patch)
+            )
+        phases.apply = time.monotonic() - mark
+
+        command = job.spec.test_command or default_test_command(job.spec)
+        parser = log_parser_for(job.spec, command)
+        test_env = dict(env)
+        test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
+        test_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPORTER_DIR), env.get("PYTHONPATH", "")) if p
+        )
+        if parser == "pytest":
+            test_env["PYTEST_PLUGINS"] = "dockyard_report"
+            test_env["DOCKYARD_REPORT_MODE"] = "pytest"
+        else:
+            test_env["DOCKYARD_REPORT_MODE"] = "unittest"
+        mark = time.monotonic()
+        outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
+        phases.tests = time.monotonic() - mark
+        run = read_report(workspace.tmp / report_name)
+        self._judge(job, run, outcome, result)
+
+    def _run_tests(
+        self,
+        command: str,
+        workspace: Workspace,
+        env: dict[str, str],
+        deadline: float,
+        log_parts: list[str],
+        deny_network: bool,
+    ) -> CommandOutcome:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
+        outcome = run_command(
+            command,
+            cwd=str(workspace.path),
+            env=env,
+            timeout=remaining,
+            launcher=workspace.launcher(deny_network),
+        )
+        log_parts.append(f"$ {command}\n{outcome.output}")
+        if outcome.timed_out:
+            log_parts.append(f"\n[tests killed after {outcome.duration_s:.1f}s wall clock]\n")
+        return outcome
+
+    @staticmethod
+    def _judge(
+        job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
+    ) -> None:
+        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
+        tests = dict(run.states)
+        for name in required:
+            tests[name] = run.lookup(name)
+            alias_target = run.aliases.get(name)
+            if alias_target is not None and alias_target != name:
+                tests.pop(alias_target, None)
+        result.tests = tests
+        result.test_exit_code = outcome.exit_code
+        result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
+        result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
+        if outcome.timed_out:
+            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+        assert outcome.exit_code is not None
+        conflict = exit_status_conflict(run, outcome.exit_code)
+        if conflict:
+            raise _Verdict("execution_error", "inconsistent_results", conflict)
+        resolved = all(tests[name] == "PASSED" for name in required)
+        result.status = "resolved" if resolved else "unresolved"
+        result.resolved = resolved
+
+
+def _split(names: list[str], tests: Mapping[str, str]) -> TestSplit:
+    return TestSplit(
+        passed=[n for n in names if tests.get(n) == "PASSED"],
+        failed=[n for n in names if tests.get(n) != "PASSED"],
+    )

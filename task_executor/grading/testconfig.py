@@ -1,0 +1,136 @@
+"""Which parts of a repository configure the test run, and keeping them at base_commit.
+
+An agent that cannot fix a bug can still try to make the tests pass: plant a ``conftest.py`` that
+marks every test passed, add ``-p no:...`` or ``--deselect`` to ``pytest.ini``, or point
+``[tool.pytest.ini_options]`` somewhere else. For the test run these files keep their base_commit
+content, whatever the agent did; what the agent changed is reported, not silently dropped.
+
+Whole files: conftest.py anywhere, pytest.ini, tox.ini, .coveragerc, and Python start-up hooks
+(sitecustomize.py, usercustomize.py, *.pth). Sections: the test-configuring tables of setup.cfg
+(``[tool:pytest]``, ``[pytest]``, ``[coverage:*]``, ``[tox*]``) and pyproject.toml
+(``[tool.pytest*]``, ``[tool.coverage*]``, ``[tool.tox*]``); the rest of those files is the
+agent's to change.
+"""
+
+from __future__ import annotations
+
+import configparser
+import posixpath
+import re
+
+import tomllib
+
+from .diffs import FileDiff
+
+_WHOLE_FILE_NAMES = {
+    "conftest.py",
+    "pytest.ini",
+    ".pytest.ini",
+    "tox.ini",
+    ".coveragerc",
+    "sitecustomize.py",
+    "usercustomize.py",
+}
+SECTIONED_FILES = {"setup.cfg", "pyproject.toml"}
+
+_CFG_SECTION = re.compile(r"^(tool:pytest|pytest|coverage(:.*)?|tox(:.*)?)$")
+_TOML_TABLE = re.compile(r"^tool\.(pytest|coverage|tox)(\..*)?$")
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def is_test_config_file(path: str) -> bool:
+    """True for files that the agent patch may not change at all (for the test run)."""
+    name = posixpath.basename(path)
+    return name in _WHOLE_FILE_NAMES or name.endswith(".pth")
+
+
+def is_forbidden_path(path: str) -> bool:
+    """Paths no patch may write: git's own metadata."""
+    return ".git" in path.split("/")
+
+
+def drop_test_config(sections: list[FileDiff]) -> tuple[list[FileDiff], list[str]]:
+    """The file sections of a patch that touch neither test configuration nor a forbidden path,
+    and the paths of those that do (sorted, once each): how both a submitted patch and a
+    session's captured diff lose what the agent must not change."""
+    kept, excluded = [], set()
+    for section in sections:
+        if any(is_test_config_file(p) or is_forbidden_path(p) for p in section.paths):
+            excluded |= section.paths
+        else:
+            kept.append(section)
+    return kept, sorted(excluded)
+
+
+def _is_test_section(filename: str, header: str) -> bool:
+    header = header.strip().strip('"')
+    if filename == "setup.cfg":
+        return bool(_CFG_SECTION.match(header))
+    return bool(_TOML_TABLE.match(header))
+
+
+def _sections(text: str, filename: str) -> list[tuple[str | None, str]]:
+    """Split an INI/TOML file into (header or None, text) blocks at table headers."""
+    blocks: list[tuple[str | None, str]] = []
+    header: str | None = None
+    current: list[str] = []
+    for line in re.split(r"(?<=\n)", text):
+        match = _HEADER.match(line.rstrip("\r\n"))
+        if match:
+            blocks.append((header, "".join(current)))
+            header, current = match.group(1), [line]
+        else:
+            current.append(line)
+    blocks.append((header, "".join(current)))
+    return [(h, body) for h, body in blocks if h is not None or body]
+
+
+def _test_view(text: str, filename: str) -> object:
+    """What the test runner would read from the file's test-configuring parts."""
+    if filename == "setup.cfg":
+        parser = configparser.RawConfigParser(strict=False, interpolation=None)
+        try:
+            parser.read_string(text)
+        except configparser.Error:
+            return ("unparsable", text)
+        return sorted(
+            (name, sorted(parser.items(name)))
+            for name in parser.sections()
+            if _CFG_SECTION.match(name)
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return ("unparsable", text)
+    tool = data.get("tool", {})
+    return {key: tool.get(key) for key in ("pytest", "coverage", "tox")}
+
+
+def restore_test_sections(filename: str, base: str, patched: str) -> tuple[str, bool]:
+    """``patched`` with its test-configuring sections put back as in ``base``.
+
+    Returns (text, changed). When a line-level restore cannot make the parsed test configuration
+    equal to the base's (dotted keys, inline tables, an unparsable file), the whole file falls back
+    to ``base``: correctness of the verdict beats keeping the agent's other edits to this file.
+    """
+    if _test_view(patched, filename) == _test_view(base, filename):
+        return patched, False
+    base_blocks = {h: body for h, body in _sections(base, filename) if h is not None}
+    out: list[str] = []
+    seen: set[str] = set()
+    for header, body in _sections(patched, filename):
+        if header is not None and _is_test_section(filename, header):
+            seen.add(header)
+            if header in base_blocks:
+                out.append(base_blocks[header])
+            continue
+        out.append(body)
+    for header, body in base_blocks.items():
+        if _is_test_section(filename, header) and header not in seen:
+            if out and not out[-1].endswith("\n"):
+                out.append("\n")
+            out.append(body)
+    restored = "".join(out)
+    if _test_view(restored, filename) != _test_view(base, filename):
+        return base, True
+    return restored, True

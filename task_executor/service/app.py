@@ -1,0 +1,78 @@
+"""The Flask application factory: services, auth, blueprints and the one error renderer."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from task_executor.config import Settings
+from task_executor.errors import ExecutorError, Unauthorized, http_error_code
+
+from . import lifecycle, metrics, requestlog
+from .services import Services
+
+log = logging.getLogger(__name__)
+
+OPEN_ROUTES = {"/health"}
+
+
+def error_response(
+    code: str, message: str, status: int, headers: dict[str, str] | None = None
+) -> Response:
+    request_id = requestlog.current_request_id()
+    response = jsonify({"error": {"code": code, "message": message, "request_id": request_id}})
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = (settings or Settings()).validated()
+    app = Flask(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["dockyard"] = services = Services.build(settings)
+    requestlog.install(app)  # first, so requests refused by the hooks below carry an id too
+
+    @app.before_request
+    def require_token() -> None:
+        if settings.token is None or request.path in OPEN_ROUTES:
+            return
+        supplied = request.headers.get("Authorization", "")
+        expected = f"Bearer {settings.token}"
+        if not hmac.compare_digest(supplied.encode(), expected.encode()):
+            raise Unauthorized("missing or wrong bearer token")
+
+    drain = lifecycle.install(app)
+    metrics.install(
+        app,
+        services,
+        lambda: {"draining": float(drain.draining), "requests_in_flight": drain.in_flight},
+    )
+
+    @app.errorhandler(ExecutorError)
+    def render_executor_error(exc: ExecutorError) -> Response:
+        return error_response(exc.code, exc.message, exc.http_status, exc.headers())
+
+    @app.errorhandler(HTTPException)
+    def render_http_error(exc: HTTPException) -> Response:
+        code = http_error_code(exc.name or "http error")
+        # Keep the headers the exception carries (Allow on a 405), not its HTML content type.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return error_response(code, exc.description or exc.name, exc.code or 500, headers)
+
+    @app.errorhandler(Exception)
+    def render_unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response("internal_error", "internal error (see the executor log)", 500)
+
+    from .api import health, session, task
+
+    app.register_blueprint(health.blueprint)
+    app.register_blueprint(task.blueprint)
+    app.register_blueprint(session.blueprint)
+    return app

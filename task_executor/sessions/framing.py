@@ -1,0 +1,285 @@
+"""The protocol between the executor and its persistent shell: control lines in, frames out.
+
+**In.** The executor writes the command's text into a memfd the shell holds, after a first
+line that is the syntax check's :data:`~task_executor.syntax.CHECK_LINE` with the command's
+nonce in a comment (:func:`command_file`), then the control line :data:`RUN_LINE` on the
+shell's stdin. bash reads a pipe one byte per system call, so that line is 16 bytes and runs
+the protocol's text from a read-only variable: read the command, check it
+(:mod:`task_executor.syntax`), ``eval`` it at top level (so ``cd``, assignments, ``export`` and
+function definitions persist) with stdin ``/dev/null`` and the protocol's fds closed, write the
+frame, and only then save a snapshot of its state (``declare -p``, ``declare -f``,
+``alias -p``, and the ``shopt`` options in two lines): the answer goes out while the shell
+writes the snapshot, and the next control line waits in the pipe until it is done. Snapshots
+alternate between two memfds and end with a numbered line (:data:`STATE_END_PRINTF`), so a
+shell killed halfway through one (a forged frame is answered with a kill at once) leaves the
+previous snapshot whole; :func:`latest_state` picks the newest complete one.
+:func:`bootstrap_script` defines the shell functions this needs, read-only so that a command
+cannot redefine them; :func:`restore_line` makes a fresh shell ``source`` a saved snapshot.
+
+**Out.** After each command the shell writes one line to a pipe of its own (never the command's
+output pipe, and closed for the command itself, so nothing the command prints can forge or
+split it; only a subshell forked into the background keeps bash's saved copy of the fd, which
+is why the executor watches the shell's exit on a pidfd rather than waiting for the pipe's end
+of file)::
+
+    DY1 <nonce> <kind> <status> END\\n
+
+``nonce`` is 32 hex digits chosen per command by the executor, so a stale frame (from a command
+that was given up on) or bytes that merely look like a frame cannot be taken for the current
+command's. (A command that sets out to forge its own status can: the shell it runs in knows the
+nonce. It only lies to its own caller; grading never reads an exec status.) ``kind`` is
+``ran`` (the command ran; ``status`` is its exit status), ``refused`` (the syntax check refused
+it; status 2) or ``ready`` (the shell answered a ping or finished starting). ``END`` and the
+newline terminate the frame: a frame is only accepted whole.
+
+The parser is strict (Sandman table A25: a lenient one reported 0 for failing commands whenever
+the frame was empty, split or cut off). Bytes may arrive in any number of reads; the frame is
+taken when its newline arrives and must then match exactly, with nothing after it. Anything else
+raises :class:`InvalidFrame`; an end of file in the middle of a frame raises
+:class:`IncompleteFrame`. The caller turns either into an error and a shell restart, never a
+status.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+
+from .syntax import CHECK_FUNCTION, CHECK_LINE
+
+FrameKind = Literal["ran", "refused", "ready"]
+
+FRAME_PRINTF = "DY1 %s %s %s END\\n"
+"""The ``printf`` format the shell writes a frame with: nonce, kind, status."""
+
+STATE_END_PRINTF = "# dockyard-state %s\\n"
+"""The last line of a complete state snapshot (a comment, numbered: later is larger)."""
+_STATE_END = re.compile(rb"# dockyard-state ([0-9]{1,18})\n\Z")
+
+MAX_FRAME_BYTES = 128
+_KINDS: dict[bytes, FrameKind] = {b"ran": "ran", b"refused": "refused", b"ready": "ready"}
+_FRAME_RE = re.compile(rb"DY1 ([0-9a-f]{32}) (ran|refused|ready) (0|[1-9][0-9]{0,2}) END\n")
+
+
+class FrameError(Exception):
+    """The status frame could not be trusted; the command's status is unknown."""
+
+
+class InvalidFrame(FrameError):
+    """Bytes arrived that are not exactly one frame for the current command."""
+
+
+class IncompleteFrame(FrameError):
+    """The status pipe closed (the shell died) in the middle of a frame."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One parsed frame."""
+
+    kind: FrameKind
+    status: int
+
+
+class FrameParser:
+    """Accumulates the bytes of one command's frame and parses them strictly.
+
+    Feed every chunk read from the status pipe to :meth:`feed`; call :meth:`finish` at end of
+    file. The parser is the fault-injection point of the tests: any chunking of any bytes can be
+    fed to it without a shell.
+    """
+
+    def __init__(self, nonce: str) -> None:
+        self._nonce = nonce.encode("ascii")
+        self._buf = bytearray()
+        self._frame: Frame | None = None
+
+    def feed(self, chunk: bytes) -> Frame | None:
+        """Add bytes; return the frame once its terminator arrived, else None."""
+        if self._frame is not None:
+            if chunk:
+                raise InvalidFrame(f"invalid frame: {len(chunk)} bytes after the frame")
+            return self._frame
+        self._buf += chunk
+        newline = self._buf.find(b"\n")
+        if newline < 0:
+            if len(self._buf) > MAX_FRAME_BYTES:
+                raise InvalidFrame(f"invalid frame: {len(self._buf)} bytes without a terminator")
+            return None
+        if newline != len(self._buf) - 1:
+            raise InvalidFrame("invalid frame: bytes after the terminator")
+        match = _FRAME_RE.fullmatch(self._buf)
+        if match is None:
+            raise InvalidFrame(f"invalid frame: {bytes(self._buf)[:MAX_FRAME_BYTES]!r}")
+        nonce, kind, status = match.groups()
+        if nonce != self._nonce:
+            raise InvalidFrame("invalid frame: nonce of another command")
+        code = int(status)
+        if code > 255:
+            raise InvalidFrame(f"invalid frame: status {code} out of range")
+        self._frame = Frame(kind=_KINDS[kind], status=code)
+        return self._frame
+
+    def finish(self) -> None:
+        """End of file on the status pipe: raise if a frame had begun but not ended.
+
+        With nothing received, returns None: the shell exited between frames, which the caller
+        reports with the shell's own exit status.
+        """
+        if self._frame is None and self._buf:
+            raise IncompleteFrame(
+                f"incomplete frame: shell exited after {len(self._buf)} bytes of the status frame"
+            )
+
+
+# -- the shell's side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShellFds:
+    """The numbers the shell knows the protocol's fds by."""
+
+    status: int
+    """Write end of the status pipe."""
+    command: int
+    """Memfd holding the check prefix and the command (or a state to restore)."""
+    snapshots: tuple[int, int]
+    """Memfds the shell saves its state into after each command, in turn."""
+    messages: int
+    """Memfd the syntax check writes bash's messages into."""
+
+    def declare(self) -> str:
+        """Read-only variables with the fd numbers (and the control text that uses them)."""
+        return (
+            f"declare -r __dy_sfd={self.status} __dy_cfd={self.command}"
+            f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self))}\n"
+            f"declare -ra __dy_pfd=({self.snapshots[0]} {self.snapshots[1]})\n"
+        )
+
+
+# Builtins are called through `builtin` so that agent functions named printf, read... cannot
+# hijack the frame; errexit cannot fire in the protocol's functions (`|| builtin true`, and
+# __dy_pre hands on the last status only while `set -e` is off: under it, a non-zero return at
+# top level would end the shell). Job control (`set -m`) gives every job of a command its own
+# process group.
+#
+# `set -x` and `set -v` are off between commands: __dy_post switches them off (remembering
+# which in __dy_xv) and __dy_pre puts them back as the command's first line, so the trace and
+# the echo show the agent's command and never the protocol's lines (the control line, a ping).
+_FUNCTIONS = r"""
+__dy_pre() {
+  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd || builtin true
+  __dy_n=${__dy_cmd%%$'\n'*} __dy_cmd=${__dy_cmd#*$'\n'}
+  __dy_n=${__dy_n##*' '}
+  if ! __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd"; then
+    __dy_rc=2 __dy_cmd= __dy_skip=1
+    builtin printf '@FRAME@' "$__dy_n" refused 2 >&"$__dy_sfd"
+  elif [[ -n $__dy_xv ]]; then
+    __dy_cmd="builtin set -$__dy_xv"$'\n'$__dy_cmd
+  fi
+  [[ $- == *e* ]] || return "$__dy_rc"
+}
+__dy_post() {
+  if [[ -n $__dy_skip ]]; then __dy_skip=; return 0; fi
+  __dy_xv=${-//[!xv]/}
+  [[ -z $__dy_xv ]] || builtin set +xv
+  __dy_rc=$1 __dy_cmd= __dy_msg=
+  builtin printf '@FRAME@' "$__dy_n" ran "$1" >&"$__dy_sfd"
+  (( ++__dy_seq )) || builtin true
+  { builtin declare -p; builtin declare -f; builtin alias -p
+    builtin printf 'builtin shopt -u %s\nbuiltin shopt -s %s\n@STATE_END@' \
+      "${__dy_shopt0//:/ }" "${BASHOPTS//:/ }" "$__dy_seq"
+  } >|"/proc/self/fd/${__dy_pfd[__dy_seq % 2]}" || builtin true
+}
+__dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
+""".replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
+
+RUN_LINE = '\\eval "$__dy_L"\n'
+"""The control line that checks and runs the command in the command memfd and frames its
+status. It is short on purpose: bash reads a pipe one byte per system call, and the text it
+runs (:func:`_run_text`, in ``__dy_L``) is set once per shell."""
+
+TOO_OLD_STATUS = 97
+"""The status a fresh shell exits with when it is older than bash 4.4."""
+
+
+def command_file(nonce: str, command: bytes) -> bytes:
+    """What the command memfd holds for one command: the check's first line, with the
+    command's nonce in a comment after it, then the command."""
+    return f"{CHECK_LINE} # {nonce}\n".encode() + command
+
+
+def _run_text(fds: ShellFds) -> str:
+    """Check and run the command (eval at top level, so that ``cd``, assignments, ``export``
+    and function definitions persist); then frame its status. A backslash keeps agent aliases
+    from rewriting a word; the group's 2>/dev/null keeps __dy_post out of a `set -x` trace."""
+    closed = " ".join(
+        f"{fd}>&-" for fd in (fds.status, fds.command, *fds.snapshots, fds.messages)
+    )
+    return (
+        f'\\__dy_pre; \\eval "$__dy_cmd" {closed} </dev/null; '
+        '{ \\__dy_post "$?"; } 2>/dev/null'
+    )
+
+
+_PROTOCOL_FUNCTIONS = "__dy_parse __dy_check __dy_pre __dy_post __dy_ping"
+_MUTABLE = "__dy_cmd= __dy_msg= __dy_chk=0 __dy_n= __dy_skip= __dy_xv=\n"
+"""The protocol's variables that change per command, as a fresh shell starts them."""
+
+
+def bootstrap_script(fds: ShellFds) -> str:
+    """What a fresh shell reads first: options, the protocol's functions and variables.
+
+    It first exits with :data:`TOO_OLD_STATUS` if bash is older than 4.4, which lacks the
+    ``local -`` the syntax check depends on (there, ``set -n`` would stay on for good).
+    The functions, the fd numbers and the control text are read-only: an agent's command
+    cannot redefine or unset them (bash refuses with an error), and a restored snapshot,
+    which lists them too, cannot either.
+    """
+    return (
+        "(( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404 )) || exit "
+        f"{TOO_OLD_STATUS}\n"
+        "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_seq=0\n"
+        "declare -r __dy_shopt0=$BASHOPTS\n"
+        + CHECK_FUNCTION
+        + _FUNCTIONS
+        + f"readonly -f {_PROTOCOL_FUNCTIONS}\n"
+        + fds.declare()
+        + _MUTABLE
+    )
+
+
+def ping_line(nonce: str) -> str:
+    """Answer with a ``ready`` frame."""
+    return f"{{ \\__dy_ping {nonce}; }} 2>/dev/null\n"
+
+
+def latest_state(snapshots: list[bytes]) -> bytes:
+    """The newest complete snapshot among ``snapshots`` (b"" if none is complete)."""
+    best, best_seq = b"", -1
+    for state in snapshots:
+        end = _STATE_END.search(state[-64:])
+        if end is not None and int(end.group(1)) > best_seq:
+            best, best_seq = state, int(end.group(1))
+    return best
+
+
+# What the protocol runs as a plain command name: a function by one of these names takes over
+# every later command (bash finds functions before builtins). Dropped on a restore, so that such
+# a function costs one timeout instead of every command after it. (An agent function named
+# `unset` would keep them; POSIX mode, which looks up `unset` first, cannot be switched on and
+# off again without changing the agent's shopt options.)
+_UNSHADOW = "\\unset -f eval builtin local return\n"
+
+
+def restore_line(fds: ShellFds) -> str:
+    """Source the state in the command memfd (its lines for the protocol's read-only names fail
+    quietly), then reset the protocol's per-command variables, which it may carry broken, and
+    drop functions that shadow what the protocol runs on."""
+    return (
+        f"{{ \\builtin source /proc/self/fd/{fds.command}; }} >/dev/null 2>&1\n"
+        + _MUTABLE
+        + _UNSHADOW
+    )

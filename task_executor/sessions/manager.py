@@ -1,0 +1,364 @@
+"""Multi-turn sessions: a workspace and a persistent shell per session, and their lifecycle.
+
+A session owns one workspace (a fresh tree at base_commit, setup done) and one ``ShellSession``.
+Calls on one session are serialized (a second concurrent call is refused with 409, never queued
+behind a long command); sessions idle past the idle timeout are closed by a reaper thread; at
+most ``max_sessions`` live at once (429 beyond). ``finish`` captures the agent's diff and grades it
+through the same ``Grader`` as ``/task/submit``. Nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sandbox_client.protocol import (
+    ExecResult,
+    FileWriteResult,
+    FinishResult,
+    FinishSpec,
+    SessionStartResult,
+    SessionStartSpec,
+    SessionState,
+    SnapshotInfo,
+)
+from task_executor.config import Settings
+from task_executor.errors import Conflict, NotFound, OverCapacity
+from task_executor.grading.grader import Grader, GradingJob
+from task_executor.workspaces.fsutil import remove_tree
+from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
+
+from .capture import capture_patch
+from .files import FileBytes, read_file, resolve_inside, write_file
+from .runner import ShellSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One live session; ``lock`` serializes calls on it."""
+
+    session_id: str
+    spec: SessionStartSpec
+    workspace: Workspace
+    shell: ShellSession
+    started: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    deny_network: bool = False
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+class SessionManager:
+    """Creates, serves and closes sessions."""
+
+    def __init__(self, settings: Settings, workspaces: WorkspaceFactory, grader: Grader) -> None:
+        self.settings = settings
+        self.workspaces = workspaces
+        self.grader = grader
+        self._sessions: dict[str, Session] = {}
+        self._starting = 0
+        self._guard = threading.Lock()
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def live(self) -> int:
+        return len(self._sessions)
+
+    def start(self, spec: SessionStartSpec) -> SessionStartResult:
+        with self._guard:
+            if len(self._sessions) + self._starting >= self.settings.max_sessions:
+                raise OverCapacity(
+                    f"{self.settings.max_sessions} sessions are live; close one or retry later",
+                    retry_after=5,
+                )
+            self._starting += 1
+            self._ensure_reaper()
+        try:
+            session = self._open(spec)
+        finally:
+            with self._guard:
+                self._starting -= 1
+        with self._guard:
+            self._sessions[session.session_id] = session
+        log.info("session %s started (task %s)", session.session_id, spec.task_id)
+        return self._started(session)
+
+    def _open(
+        self,
+        spec: SessionStartSpec,
+        snapshot: Snapshot | None = None,
+        restore: tuple[bytes, str] | None = None,
+    ) -> Session:
+        deny_network = self.grader.resolve_deny_network(spec.deny_network)
+        workspace = self.workspaces.create(
+            spec.repo, spec.base_commit, spec.setup, spec.env, snapshot=snapshot
+        )
+        try:
+            shell = self._shell(spec, workspace, deny_network, restore)
+        except BaseException:
+            workspace.destroy()
+            raise
+        return Session(uuid.uuid4().hex, spec, workspace, shell, deny_network=deny_network)
+
+    def _shell(
+        self,
+        spec: SessionStartSpec,
+        workspace: Workspace,
+        deny_network: bool,
+        restore: tuple[bytes, str] | None = None,
+    ) -> ShellSession:
+        """The session's shell; ``restore`` is (saved state, cwd relative to the tree)."""
+        if restore is not None:
+            state, relative_cwd = restore
+            restore = (state, os.path.normpath(os.path.join(workspace.visible_path, relative_cwd)))
+        return ShellSession(
+            cwd=str(workspace.path),
+            env=workspace.sandbox_env(spec.env),
+            default_timeout=spec.command_timeout or self.settings.command_timeout,
+            output_cap=self.settings.output_cap_bytes,
+            launcher=workspace.launcher(deny_network),
+            restore=restore,
+        )
+
+    def close(self, session_id: str) -> None:
+        session = self._pop(session_id)
+        with session.lock:
+            self._dispose(session)
+
+    def close_all(self) -> None:
+        self._stop.set()
+        with self._guard:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            self._dispose(session)
+
+    def _pop(self, session_id: str) -> Session:
+        with self._guard:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        return session
+
+    @staticmethod
+    def _dispose(session: Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        try:
+            session.shell.close()
+        finally:
+            session.workspace.destroy()
+        log.info("session %s closed", session.session_id)
+
+    # ------------------------------------------------------------------ calls
+
+    @contextmanager
+    def _using(self, session_id: str, touch: bool = True) -> Iterator[Session]:
+        with self._guard:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        if not session.lock.acquire(blocking=False):
+            raise Conflict(
+                "another call on this session is running", code="session_busy", retry_after=1
+            )
+        try:
+            if session.closed:
+                raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+            yield session
+            if touch:
+                session.last_used = time.monotonic()
+        finally:
+            session.lock.release()
+
+    def exec(self, session_id: str, command: str, timeout: float | None) -> ExecResult:
+        with self._using(session_id) as session:
+            result = session.shell.run(command, timeout=timeout)
+        if result.timed_out:
+            log.info("session %s: command timed out after %.1fs", session_id, result.duration_s)
+        elif result.error is not None:
+            log.warning("session %s: %s", session_id, result.error)
+        return result
+
+    def read(self, session_id: str, path: str) -> FileBytes:
+        with self._using(session_id) as session:
+            return read_file(session.workspace.path, self._tree_path(session, path))
+
+    def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
+        with self._using(session_id) as session:
+            tree = session.workspace.path
+            requested = self._tree_path(session, path)
+            written = write_file(tree, requested, data)
+            if self.workspaces.sandbox.run_as is not None:
+                target = resolve_inside(tree, requested)
+                self.workspaces.hand_over_paths(
+                    session.workspace, [str(target.relative_to(os.path.realpath(tree)))]
+                )
+            return written
+
+    @staticmethod
+    def _tree_path(session: Session, path: str) -> str:
+        """Absolute paths are the agent's view (the fixed path); map them onto the tree."""
+        visible = session.workspace.visible_path.rstrip("/")
+        if path == visible or path.startswith(visible + "/"):
+            return str(session.workspace.path) + path[len(visible):]
+        return path
+
+    def state(self, session_id: str) -> SessionState:
+        with self._using(session_id, touch=False) as session:
+            now = time.monotonic()
+            return SessionState(
+                session_id=session_id,
+                alive=session.shell.check_alive(within=2.0),
+                cwd=session.shell.cwd(),
+                age_s=round(now - session.started, 3),
+                idle_s=round(now - session.last_used, 3),
+                commands_run=session.shell.commands_run,
+            )
+
+    def reset(self, session_id: str) -> SessionStartResult:
+        """Back to the base state: the base tree (setup kept) and a fresh shell."""
+        with self._using(session_id) as session:
+            session.shell.close()
+            try:
+                session.workspace.reset()
+                session.shell = self._shell(session.spec, session.workspace, session.deny_network)
+            except BaseException:
+                with self._guard:
+                    self._sessions.pop(session_id, None)
+                self._dispose(session)
+                raise
+            return self._started(session)
+
+    def snapshot(self, session_id: str, name: str | None) -> SnapshotInfo:
+        """A named read-only capture of the workspace (its changes, in overlay mode)."""
+        with self._using(session_id) as session:
+            name = name or f"snap-{len(session.snapshots) + 1}"
+            if name in session.snapshots:
+                raise Conflict(f"snapshot {name!r} exists", code="snapshot_exists")
+            target = session.workspace.root / "snapshots" / name
+            snap = session.workspace.snapshot(target)
+            session.snapshots[name] = snap
+            return SnapshotInfo(session_id=session_id, name=name, size_bytes=snap.size_bytes)
+
+    def fork(self, session_id: str, snapshot_name: str | None) -> SessionStartResult:
+        """A new session from the source's current tree (or a named snapshot of it), cwd and
+        exported environment; the source is not touched."""
+        with self._guard:
+            if len(self._sessions) + self._starting >= self.settings.max_sessions:
+                raise OverCapacity(
+                    f"{self.settings.max_sessions} sessions are live", retry_after=5
+                )
+            self._starting += 1
+        try:
+            with self._using(session_id) as source:
+                if snapshot_name is not None:
+                    if snapshot_name not in source.snapshots:
+                        raise NotFound(f"no snapshot {snapshot_name!r}", code="snapshot_not_found")
+                    snap = source.snapshots[snapshot_name]
+                    transient = None
+                else:
+                    transient = source.workspace.root / "forks" / uuid.uuid4().hex
+                    snap = source.workspace.snapshot(transient)
+                state = source.shell.saved_state()
+                root = source.workspace.visible_path
+                cwd = source.shell.cwd() or root
+                relative = os.path.relpath(cwd, root) if cwd.startswith(root) else "."
+                try:
+                    forked = self._open(source.spec, snapshot=snap, restore=(state, relative))
+                finally:
+                    if transient is not None:
+                        remove_tree(transient)
+        finally:
+            with self._guard:
+                self._starting -= 1
+        with self._guard:
+            self._sessions[forked.session_id] = forked
+        log.info("session %s forked from %s", forked.session_id, session_id)
+        return self._started(forked)
+
+    @staticmethod
+    def _started(session: Session) -> SessionStartResult:
+        return SessionStartResult(
+            session_id=session.session_id,
+            workdir=session.workspace.visible_path,
+            base_commit=session.workspace.base_commit,
+        )
+
+    def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:
+        """Capture the diff, close the session, grade the diff in a fresh tree."""
+        with self._using(session_id) as session:
+            captured = capture_patch(
+                session.workspace.path,
+                session.workspace.base_commit,
+                session.workspace.mirror,
+                session.workspace.artifacts,
+            )
+            with self._guard:
+                self._sessions.pop(session_id, None)
+            self._dispose(session)
+        job = GradingJob(
+            task_id=session.spec.task_id or session_id,
+            repo=session.spec.repo,
+            base_commit=session.workspace.base_commit,
+            patch=captured.patch,
+            spec=spec,
+            setup=list(session.spec.setup),
+            env=dict(session.spec.env),
+        )
+        result = self.grader.grade(job)
+        result.excluded_files = sorted(set(result.excluded_files) | set(captured.excluded_files))
+        return FinishResult(patch=captured.patch, result=result)
+
+    # ------------------------------------------------------------------ idle reaping
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = threading.Thread(
+                target=self._reap_idle_forever, name="session-reaper", daemon=True
+            )
+            self._reaper.start()
+
+    def _reap_idle_forever(self) -> None:
+        interval = min(30.0, max(0.2, self.settings.session_idle_timeout / 4))
+        while not self._stop.wait(interval):
+            self.reap_idle()
+
+    def reap_idle(self) -> list[str]:
+        """Close sessions idle past the timeout (busy ones are left alone); return their ids."""
+        now = time.monotonic()
+        with self._guard:
+            idle = [
+                s for s in self._sessions.values()
+                if now - s.last_used > self.settings.session_idle_timeout
+            ]
+        reaped = []
+        for session in idle:
+            if not session.lock.acquire(blocking=False):
+                continue
+            try:
+                with self._guard:
+                    if self._sessions.get(session.session_id) is not session:
+                        continue
+                # Disposed before it leaves the table: whoever sees a 404 sees it fully gone.
+                self._dispose(session)
+                with self._guard:
+                    self._sessions.pop(session.session_id, None)
+                reaped.append(session.session_id)
+                log.info("session %s reaped after idling", session.session_id)
+            finally:
+                session.lock.release()
+        return reaped

@@ -1,0 +1,598 @@
+"""A persistent bash per session that never wedges: :class:`ShellSession`.
+
+One long-lived ``bash`` keeps what a terminal keeps between commands (cwd, variables, exported
+environment, functions, aliases, background jobs). Each :meth:`ShellSession.run` goes through
+the Sandman checklist (DESIGN.md, "Command runner"):
+
+* **Syntax check first** (:mod:`task_executor.syntax`): bash's parser refuses unterminated input
+  in milliseconds with its own message and exit status 2; nothing runs, state is kept.
+* **Own process groups**: the shell runs with job control (``set -m``), so every job of a command
+  gets a process group of its own; every process carries the session's marker in its environment
+  (:mod:`task_executor.reaper`).
+* **Continuous, capped drain**: stdout and stderr share one pipe, read while the command runs
+  into a :class:`~task_executor.output.CappedOutput`; memory stays flat under any flood.
+* **Strict status frame** on a pipe of its own that the command cannot see; the command's text
+  and the control line that runs it are described in :mod:`task_executor.framing`.
+
+When the shell cannot be trusted any more (timeout, the shell exited or was killed, a bad frame,
+a failed liveness check) it is *recovered*: the shell is killed, so is every process started
+since the command began (SIGTERM, a short grace, SIGKILL until none is left; found by marker,
+session id and start time, so background, TERM-ignoring and double-forked children die too),
+and a fresh shell is started and given back the snapshot. What a recovery keeps: the variables,
+exported environment, functions, aliases and ``shopt`` options as of the end of the last
+completed command, and the cwd as of the moment of the recovery (or of the last completed
+command if the shell had died). What it loses: ``set`` options (``set -e`` would otherwise kill
+every later shell), traps, the job table, ``umask``/``ulimit`` and the directory stack.
+Background jobs started by *earlier* commands keep running, as they would after Ctrl-C in a
+terminal (they no longer appear in ``jobs``); :meth:`ShellSession.restart` and
+:meth:`ShellSession.close` kill them too.
+
+A command's background children that outlive a normally finished command keep running (like
+``cmd &`` in a terminal); their later output shows up in the next command's output.
+
+Known limits. The shell is non-interactive: under ``set -u`` an unset variable, and under
+``set -e`` a failing command, end the shell (reported as its exit, then recovered); under
+``set -e`` a command also starts with ``$?`` 0, not the last status. A ``set -x`` trace marks the
+command's lines ``+++`` (it runs two ``eval`` levels deep). The protocol's functions and fd
+variables are read-only; its per-command ``__dy_*`` variables, set by a command, break that
+command alone (an error or a timeout, then recovery resets them). bash's
+runtime messages number lines of the shell's whole input ("bash: line 57: ..."); the syntax
+check's messages use the command's own line numbers. A frame that the shell never writes while
+it stays alive (``ulimit -n`` below ~110 leaves it unable to restore its fds; an agent function
+named ``builtin`` or ``eval`` that does not pass its arguments on; one named ``local``, which
+leaves the syntax check's ``set -n`` on) is seen as a timeout, and then recovered; the
+recovery drops agent functions named ``eval``, ``builtin``, ``local`` and ``return``, which
+would otherwise take over every later command too. Children that both scrub their environment
+and ``setsid`` escape the sweep (see :mod:`task_executor.reaper`). A shell killed while it
+writes a snapshot leaves the one before it (:func:`~task_executor.framing.latest_state`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import select
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sandbox_client.protocol import ExecResult
+from task_executor.sandbox import reaper
+from task_executor.sandbox.output import CappedOutput
+
+from .framing import (
+    RUN_LINE,
+    TOO_OLD_STATUS,
+    Frame,
+    FrameError,
+    FrameParser,
+    ShellFds,
+    bootstrap_script,
+    command_file,
+    latest_state,
+    ping_line,
+    restore_line,
+)
+from .syntax import REFUSED_STATUS, tidy_message
+
+KILL_GRACE_S = 0.5
+"""Seconds between SIGTERM and SIGKILL when a command's processes are killed."""
+START_TIMEOUT_S = 10.0
+_PIPE_SIZE = 1 << 20
+_READ_CHUNK = 1 << 18
+_FRAME_FIRST_S = 0.005
+"""How long a command's output is left in the pipe while waiting for its frame alone: most
+commands end sooner, and are then answered after one wake-up instead of one per write. A command
+that fills the pipe (1 MiB) before that waits at most this long for it to be drained."""
+_LOW_FD = 100  # private fds live at/above this so they never collide with the agent's 3..9
+
+
+class _ShellGone(Exception):
+    """The shell exited (or closed its stdin) with no frame begun."""
+
+
+class ShellStartError(RuntimeError):
+    """A fresh shell did not answer its first ping."""
+
+
+class SessionClosed(RuntimeError):
+    """The session was closed; it runs nothing more."""
+
+
+@dataclass
+class _Shell:
+    """One bash process and the fds that die with it."""
+
+    proc: subprocess.Popen[bytes]
+    stdin_fd: int
+    status_fd: int
+    pid_fd: int  # readable once the shell has exited
+    status_w: int  # the number the shell knows its end of the status pipe by
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class ShellSession:
+    """A persistent bash: run commands one at a time, each checked, framed, capped, killable.
+
+    ``env`` is the shell's whole environment (nothing is inherited from the executor); the
+    session adds its marker. ``output_cap`` is the number of output bytes kept per command,
+    half from the head and half from the tail. Thread-safe: calls are serialized, except that
+    :meth:`close` kills a running command at once and :meth:`check_alive` on a busy session
+    answers from the process state.
+    """
+
+    def __init__(
+        self,
+        cwd: str,
+        env: dict[str, str],
+        default_timeout: float = 300.0,
+        output_cap: int = 64 * 1024,
+        launcher: Sequence[str] = (),
+        restore: tuple[bytes, str] | None = None,
+    ) -> None:
+        """``launcher`` prefixes bash's argv (namespaces, limits); ``restore`` is a
+        (:meth:`saved_state`, cwd) pair from another session to start from (a fork)."""
+        self.commands_run = 0
+        self._initial_cwd = cwd
+        self._launcher = list(launcher)
+        self._default_timeout = default_timeout
+        self._head = output_cap // 2
+        self._tail = output_cap - self._head
+        self._marker = reaper.new_marker()
+        self._env = {**env, reaper.MARKER_VAR: self._marker}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._suspect = False
+        self._sids: set[int] = set()
+        self._shell: _Shell | None = None
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+            pass
+        os.set_blocking(out_r, False)
+        self._out_r, self._out_w = out_r, out_w
+        self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
+        self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
+        self._snap_fds = tuple(
+            _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC)) for _ in range(2)
+        )
+        self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
+        try:
+            if restore is None:
+                self._shell = self._spawn(cwd)
+            else:
+                state, start_dir = restore
+                for fd in self._snap_fds:  # in both: the first new snapshot overwrites one
+                    os.pwrite(fd, state, 0)
+                go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
+                self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
+        except BaseException:
+            self._close_fds()
+            raise
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current shell (it changes when the shell is recovered)."""
+        return self._shell.pid if self._shell is not None else None
+
+    @property
+    def marker(self) -> str:
+        """Value of :data:`~task_executor.reaper.MARKER_VAR` in every process of the session."""
+        return self._marker
+
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run one command; never raises for anything the command does."""
+        limit = self._default_timeout if timeout is None else timeout
+        with self._lock:
+            self._check_open()
+            self.commands_run += 1
+            started = time.monotonic()
+            if "\0" in command:
+                return ExecResult(
+                    exit_code=REFUSED_STATUS,
+                    output="dockyard: not run: the command contains a NUL byte\n",
+                    duration_s=time.monotonic() - started,
+                )
+            if self._suspect or not self._shell_running():
+                self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
+            result = self._run_locked(command, limit, started)
+            result.duration_s = time.monotonic() - started
+            return result
+
+    def check_alive(self, within: float = 2.0) -> bool:
+        """Whether the shell answers a trivial command within ``within`` seconds.
+
+        While a command runs, the shell cannot answer; then the answer is whether its process
+        exists and is not stopped. A shell that fails the check is recovered before the next
+        command.
+        """
+        if not self._lock.acquire(blocking=False):
+            return self._shell_running()
+        try:
+            return self._ping(within)
+        finally:
+            self._lock.release()
+
+    def cwd(self) -> str | None:
+        """The shell's current directory, or None if there is no live shell."""
+        return self._shell_cwd()
+
+    def saved_state(self) -> bytes:
+        """The shell state as of the last completed command (variables, exports, functions,
+        aliases, shopt), in the form ``restore`` takes."""
+        with self._lock:
+            self._ping(within=2.0)  # answered once the last command's snapshot is written
+            return self._latest_state()
+
+    def restart(self, cwd: str | None = None) -> None:
+        """Kill every process of the session and start a fresh shell; all state is lost."""
+        with self._lock:
+            self._check_open()
+            self._kill_everything()
+            for fd in self._snap_fds:
+                os.ftruncate(fd, 0)
+            self._drain(None, self._pipe_size * 4)
+            self._sids.clear()
+            self._suspect = False
+            self._shell = self._spawn(cwd or self._initial_cwd)
+
+    def close(self) -> None:
+        """Kill every process of the session and close every fd; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Kill first, without the lock, so that a running command ends now (its run() then
+        # sees the shell die and returns); then, holding the lock, sweep again and free fds.
+        self._sweep(grace=KILL_GRACE_S)
+        with self._lock:
+            self._kill_everything()
+            self._close_fds()
+
+    def __enter__(self) -> ShellSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one command --------------------------------------------------------------------------
+
+    def _run_locked(self, command: str, limit: float, started: float) -> ExecResult:
+        shell = self._shell
+        assert shell is not None
+        out = CappedOutput(self._head, self._tail)
+        since = reaper.boot_ticks()
+        nonce = secrets.token_hex(16)
+        _rewrite(self._cmd_fd, command_file(nonce, _encode(command)))
+        exit_code: int | None = None
+        error: str | None = None
+        timed_out = False
+        try:
+            self._send(RUN_LINE)
+            frame = self._await_frame(nonce, out, started + limit)
+            if frame is None:
+                timed_out = True
+            elif frame.kind == "ready":
+                error = "invalid frame: a ping answer instead of a status"
+            else:
+                self._drain(out, self._pipe_size)
+                text = out.text()
+                return ExecResult(
+                    exit_code=frame.status,
+                    output=tidy_message(text) if frame.kind == "refused" else text,
+                    truncated=out.truncated,
+                    output_bytes=out.total_bytes,
+                )
+        except FrameError as exc:
+            error = str(exc)
+        except _ShellGone:
+            exit_code, error = self._exit_report(shell)
+        self._recover(since=since, cwd=self._shell_cwd(), out=out)
+        if self._closed:
+            exit_code, error = None, "session closed while the command ran"
+        return ExecResult(
+            exit_code=exit_code,
+            output=out.text(),
+            truncated=out.truncated,
+            output_bytes=out.total_bytes,
+            timed_out=timed_out,
+            error=error,
+        )
+
+    def _ping(self, within: float) -> bool:
+        """Under the lock: whether the shell answers a ping in time; if not, it is suspect."""
+        if self._closed or self._shell is None or not self._shell_running():
+            return False
+        nonce = secrets.token_hex(16)
+        try:
+            self._send(ping_line(nonce))
+            frame = self._await_frame(nonce, None, time.monotonic() + within)
+        except (_ShellGone, FrameError):
+            frame = None
+        if frame is None or frame.kind != "ready":
+            self._suspect = True
+            return False
+        return True
+
+    def _exit_report(self, shell: _Shell) -> tuple[int | None, str]:
+        """The exit status and error text for a shell that died during a command."""
+        try:
+            status = shell.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None, "shell stopped answering (not reaped); restarted"
+        if status < 0:
+            return None, f"shell killed by signal {-status}; restarted"
+        # `exit 3` typed by the agent: its status is the command's, the shell is restarted.
+        return status, f"shell exited with status {status}; restarted"
+
+    def _await_frame(self, nonce: str, out: CappedOutput | None, deadline: float) -> Frame | None:
+        """Drain output into ``out`` until the frame arrives (returned) or the deadline (None).
+
+        Raises FrameError for a bad frame and _ShellGone when the shell exits with no frame
+        begun. Its exit is seen on a pidfd, not as the status pipe's end of file: a subshell
+        forked into the background keeps a copy of the pipe (bash's saved copy of the fd).
+        With ``out`` None the output is left in the pipe (a ping between commands).
+        """
+        shell = self._shell
+        assert shell is not None
+        parser = FrameParser(nonce)
+        poller = select.poll()
+        poller.register(shell.status_fd, select.POLLIN)
+        poller.register(shell.pid_fd, select.POLLIN)
+        watch_output_at = None if out is None else time.monotonic() + _FRAME_FIRST_S
+        while True:
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                return None
+            if watch_output_at is not None:
+                if now >= watch_output_at:
+                    poller.register(self._out_r, select.POLLIN)
+                    watch_output_at = None
+                else:
+                    remaining = min(remaining, watch_output_at - now)
+            for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
+                if fd == self._out_r:
+                    self._drain(out, _READ_CHUNK)
+                    continue
+                # Status bytes, or the shell's exit (then read what it wrote before dying).
+                frame = _read_status(shell.status_fd, parser)
+                if frame is not None:
+                    return frame
+                if fd == shell.pid_fd:
+                    parser.finish()
+                    raise _ShellGone
+
+    def _drain(self, out: CappedOutput | None, limit: int) -> None:
+        """Read what the output pipe holds now, at most ``limit`` bytes (bounded even while a
+        background job keeps writing)."""
+        taken = 0
+        while taken < limit:
+            try:
+                chunk = os.read(self._out_r, min(_READ_CHUNK, limit - taken))
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            taken += len(chunk)
+            if out is not None:
+                out.write(chunk)
+
+    def _send(self, line: str) -> None:
+        assert self._shell is not None
+        data = line.encode()
+        try:
+            while data:
+                data = data[os.write(self._shell.stdin_fd, data) :]
+        except BrokenPipeError as exc:
+            raise _ShellGone from exc
+
+    # -- shell lifecycle ----------------------------------------------------------------------
+
+    def _spawn(
+        self, cwd: str, restore: bytes | None = None, out: CappedOutput | None = None
+    ) -> _Shell:
+        """Start a bash, give it the protocol (and a state to restore), wait for its ping.
+
+        Output meanwhile (earlier background jobs, a ``BASH_ENV`` script) goes to ``out`` or is
+        dropped: left in a full pipe, it could block the new shell before it answers.
+        """
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        child_w = _high_fd(status_w)
+        try:
+            proc = subprocess.Popen(
+                [*self._launcher, "bash", "--noprofile", "--norc"],
+                stdin=subprocess.PIPE,
+                stdout=self._out_w,
+                stderr=self._out_w,
+                cwd=cwd,
+                env=self._env,
+                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(child_w)
+        assert proc.stdin is not None
+        self._sids.add(proc.pid)
+        os.set_blocking(status_r, False)
+        shell = _Shell(proc, proc.stdin.fileno(), status_r, os.pidfd_open(proc.pid), child_w)
+        self._shell = shell
+        fds = self._fds(shell)
+        script = bootstrap_script(fds)
+        try:
+            self._send(script)
+            if restore is not None:
+                _rewrite(self._cmd_fd, restore)
+                self._send(restore_line(fds))
+            nonce = secrets.token_hex(16)
+            self._send(ping_line(nonce))
+            sink = out if out is not None else CappedOutput(0, 0)
+            frame = self._await_frame(nonce, sink, time.monotonic() + START_TIMEOUT_S)
+            if frame is None or frame.kind != "ready":
+                raise ShellStartError(f"bash did not answer its first ping ({frame})")
+        except (_ShellGone, FrameError, ShellStartError) as exc:
+            _kill_now(shell)  # reaps it: an exit of its own keeps its status
+            self._shell = None
+            if shell.proc.returncode == TOO_OLD_STATUS:
+                raise ShellStartError("bash 4.4 or later is needed for sessions") from exc
+            raise ShellStartError(f"bash did not start: {exc!r}") from exc
+        return shell
+
+    def _recover(self, since: int, cwd: str | None, out: CappedOutput | None = None) -> None:
+        """Kill the shell and what the current command started; start a shell with the saved
+        state, in ``cwd`` (None: the cwd the saved state recorded)."""
+        if self._shell is not None:
+            _kill_now(self._shell)
+            self._shell = None
+        if self._closed:
+            return
+        reaper.kill(
+            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since),
+            grace=KILL_GRACE_S,
+        )
+        self._drain(out, self._pipe_size)
+        snapshot = self._latest_state()
+        if cwd is not None:
+            go = b"builtin cd -- " + shlex.quote(cwd).encode("utf-8", "surrogateescape")
+        else:
+            go = b'builtin cd -- "$PWD"'
+        self._suspect = False
+        start_in = cwd if cwd is not None and os.path.isdir(cwd) else self._initial_cwd
+        if not os.path.isdir(start_in):
+            start_in = "/"
+        self._shell = self._spawn(start_in, snapshot + b"\n" + go + b"\n", out)
+
+    def _kill_everything(self) -> None:
+        if self._shell is not None:
+            _kill_now(self._shell)
+            self._shell = None
+        self._sweep(grace=KILL_GRACE_S)
+
+    def _sweep(self, grace: float) -> None:
+        """Kill every process of the session: marked, or in any session a shell of ours led."""
+        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids)), grace=grace)
+
+    def _shell_running(self) -> bool:
+        """The shell process exists and is neither a zombie nor stopped."""
+        shell = self._shell
+        if shell is None:
+            return False
+        # One waitid() that leaves the state in place (WNOWAIT), where reading /proc/PID/stat
+        # cost tens of microseconds on every command.
+        try:
+            change = os.waitid(
+                os.P_PID, shell.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT
+            )
+        except ChildProcessError:  # reaped already
+            return False
+        return change is None
+
+    def _shell_cwd(self) -> str | None:
+        shell = self._shell
+        if shell is None or shell.proc.poll() is not None:
+            return None
+        try:
+            path = os.readlink(f"/proc/{shell.pid}/cwd")
+        except OSError:
+            return None
+        return path.removesuffix(" (deleted)")
+
+    def _fds(self, shell: _Shell) -> ShellFds:
+        return ShellFds(
+            status=shell.status_w,
+            command=self._cmd_fd,
+            snapshots=self._snap_fds,
+            messages=self._msg_fd,
+        )
+
+    def _latest_state(self) -> bytes:
+        return latest_state([_read_all(fd) for fd in self._snap_fds])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed("the shell session is closed")
+
+    def _close_fds(self) -> None:
+        for fd in (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _kill_now(shell: _Shell) -> None:
+    """SIGKILL the shell itself (its state is in the snapshot), reap it, close its pipes."""
+    try:
+        os.kill(shell.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        shell.proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:  # stuck in the kernel; the sweep retries
+        pass
+    assert shell.proc.stdin is not None
+    try:
+        shell.proc.stdin.close()
+    except OSError:  # BrokenPipe while flushing: nothing was buffered that matters
+        pass
+    os.close(shell.status_fd)
+    os.close(shell.pid_fd)
+
+
+def _read_status(fd: int, parser: FrameParser) -> Frame | None:
+    """Feed the parser what the status pipe holds now; the frame once complete, else None.
+
+    Bytes right behind a complete frame make it invalid (nothing else writes there).
+    """
+    frame = None
+    while True:
+        try:
+            chunk = os.read(fd, 256)
+        except BlockingIOError:
+            return frame
+        if not chunk:  # every writer gone: the shell died, perhaps right after its frame
+            if frame is not None:
+                return frame
+            parser.finish()
+            raise _ShellGone
+        frame = parser.feed(chunk)
+
+
+def _high_fd(fd: int) -> int:
+    """Move ``fd`` to a number >= 100 (close-on-exec), closing the original."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW_FD)
+    os.close(fd)
+    return high
+
+
+def _rewrite(fd: int, data: bytes) -> None:
+    """Make the memfd hold exactly ``data``, with the (shared) offset at its start. Cutting the
+    file after writing, not before, keeps its pages instead of freeing and allocating them."""
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.lseek(fd, 0, os.SEEK_SET)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""
+
+
+def _encode(command: str) -> bytes:
+    try:
+        return command.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return command.encode("utf-8", "replace")

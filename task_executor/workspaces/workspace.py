@@ -1,0 +1,361 @@
+"""Workspaces: a private, writable tree of a repository at a commit, for one task or session.
+
+Three modes, chosen once at start from what the kernel allows (``isolation.detect``):
+
+``overlay``   an overlayfs upper directory over a prepared template, seen by code under test at the
+              fixed path in a private mount namespace. Create, reset and destroy cost a mount, an
+              unmount and the removal of what the task changed -- not the repository's size.
+``copy``      (mount namespaces but no overlay) a full copy of the template (reflinked where the
+              filesystem can), still at the fixed path.
+``git-clone`` (no namespaces, as in a default Kubernetes pod) a ``git clone --shared`` and checkout
+              per workspace at its own path; setup runs in each workspace, because absolute paths
+              baked into a shared template would point at the template instead of the task's tree.
+
+All three give the same verdicts; only speed and isolation differ, and ``/health`` says which.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from task_executor.errors import ExecutorError
+from task_executor.sandbox.command import run_command
+from task_executor.sandbox.isolation import Capabilities, Sandbox
+
+from .artifacts import setup_artifacts
+from .fsutil import copy_tree, mount_overlay, remove_tree, unmount
+from .gitcmd import git
+from .mirrors import MirrorCache
+from .templates import Template, TemplateCache
+
+log = logging.getLogger(__name__)
+
+EnvBuilder = Callable[[str, dict[str, str]], dict[str, str]]
+"""(temporary directory as code under test sees it, task env) -> its full environment."""
+
+
+class SetupFailed(ExecutorError):
+    """A setup command failed: the task's environment could not be prepared (not the patch)."""
+
+    code = "setup_failed"
+    http_status = 400
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A read-only capture of a workspace: its changes (overlay mode) or its whole tree."""
+
+    path: Path
+    size_bytes: int
+
+
+@dataclass
+class Workspace:
+    """A tree at ``base_commit``; everything it owns lives under ``root``."""
+
+    path: Path
+    """The tree as the executor sees it (files API, patching, diff capture)."""
+    root: Path
+    base_commit: str
+    mirror: Path
+    visible_path: str
+    """Where code under test sees the tree (the fixed path in namespace modes)."""
+    setup: list[str]
+    env: dict[str, str]
+    factory: WorkspaceFactory
+    template: Template | None = None
+    layers: list[Path] = field(default_factory=list)
+    artifacts: list[str] = field(default_factory=list)
+    """Paths setup created or changed: environment, never part of a captured patch."""
+    setup_s: float = 0.0
+    """Seconds this workspace's own setup took (0 when a prepared template carried it)."""
+    destroyed: bool = False
+
+    @property
+    def tmp(self) -> Path:
+        """Private temporary directory (seen as /tmp by code under test in namespace modes)."""
+        return self.root / "tmp"
+
+    @property
+    def visible_tmp(self) -> str:
+        return self.factory.sandbox.visible_tmp(self.tmp)
+
+    def sandbox_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The environment of code under test in this workspace."""
+        return self.factory.env_builder(self.visible_tmp, extra)
+
+    def launcher(self, deny_network: bool) -> list[str]:
+        return self.factory.sandbox.launcher(self.path, self.tmp, deny_network)
+
+    def destroy(self) -> None:
+        self.factory.destroy(self)
+
+    def reset(self) -> None:
+        self.factory.reset(self)
+
+    def snapshot(self, target: Path) -> Snapshot:
+        return self.factory.snapshot(self, target)
+
+
+class WorkspaceFactory:
+    """Makes workspaces under ``root`` in the best mode the capabilities allow."""
+
+    def __init__(
+        self,
+        root: Path,
+        mirrors: MirrorCache,
+        templates: TemplateCache | None,
+        sandbox: Sandbox,
+        env_builder: EnvBuilder,
+        setup_timeout: float,
+    ) -> None:
+        self.root = root
+        self.mirrors = mirrors
+        self.templates = templates
+        self.sandbox = sandbox
+        self.env_builder = env_builder
+        self.setup_timeout = setup_timeout
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.sandbox.capabilities
+
+    @property
+    def mode(self) -> str:
+        caps = self.capabilities
+        if caps.mount_namespace and self.sandbox.fixed_path and self.templates is not None:
+            return "overlay" if caps.overlay else "copy"
+        return "git-clone"
+
+    # ------------------------------------------------------------------ create / destroy
+
+    def create(
+        self,
+        repo: str,
+        base_commit: str,
+        setup: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> Workspace:
+        """A fresh tree (RepoError for an unknown repo or commit, SetupFailed for bad setup).
+
+        With ``snapshot``, the tree starts as the snapshot's state instead of the base (a fork).
+        """
+        setup, env = list(setup or []), dict(env or {})
+        holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
+        (holder / "tmp" / "home").mkdir(parents=True)
+        self.hand_over(holder / "tmp", recursive=True)
+        template = None
+        try:
+            if self.mode == "git-clone":
+                workspace = self._create_clone(holder, repo, base_commit, setup, env, snapshot)
+            else:
+                assert self.templates is not None
+                template = self.templates.acquire(repo, base_commit, setup, env)
+                workspace = self._from_template(holder, template, setup, env, snapshot)
+        except BaseException:
+            remove_tree(holder)
+            if template is not None and self.templates is not None:
+                self.templates.release(template)
+            raise
+        # Diff capture reads through the mirror (and git-clone trees borrow its objects).
+        self.mirrors.pin(workspace.mirror)
+        return workspace
+
+    def _from_template(
+        self,
+        holder: Path,
+        template: Template,
+        setup: list[str],
+        env: dict[str, str],
+        snapshot: Snapshot | None,
+    ) -> Workspace:
+        workspace = Workspace(
+            path=holder / "merged", root=holder, base_commit=template.commit,
+            mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(holder / "merged"),
+            setup=setup, env=env, factory=self, template=template,
+            artifacts=list(template.artifacts),
+        )
+        if self.mode == "overlay":
+            if snapshot is not None:
+                layer = holder / "base-layer"
+                copy_tree(snapshot.path, layer, self.capabilities.reflink)
+                workspace.layers = [layer]
+            self._mount(workspace)
+        else:
+            source = snapshot.path if snapshot is not None else template.tree
+            copy_tree(source, workspace.path, self.capabilities.reflink)
+        return workspace
+
+    def _mount(self, workspace: Workspace) -> None:
+        assert workspace.template is not None
+        for part in ("upper", "work", "merged"):
+            (workspace.root / part).mkdir(exist_ok=True)
+        # The merged tree's root takes its owner from the upper directory's root.
+        self.hand_over(workspace.root / "upper")
+        mount_overlay(
+            [*workspace.layers, workspace.template.tree],
+            workspace.root / "upper",
+            workspace.root / "work",
+            workspace.path,
+        )
+
+    def _create_clone(
+        self,
+        holder: Path,
+        repo: str,
+        base_commit: str,
+        setup: list[str],
+        env: dict[str, str],
+        snapshot: Snapshot | None,
+    ) -> Workspace:
+        mirror, sha = self.mirrors.resolve(repo, base_commit)
+        path = holder / "repo"
+        if snapshot is not None:
+            copy_tree(snapshot.path, path, self.capabilities.reflink)
+            self.hand_over(path, recursive=True)
+        else:
+            self._checkout(mirror, sha, path)
+        workspace = Workspace(
+            path=path, root=holder, base_commit=sha, mirror=mirror, visible_path=str(path),
+            setup=setup, env=env, factory=self,
+        )
+        if snapshot is None:  # a snapshot was taken after setup
+            started = time.monotonic()
+            self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
+                           launcher=workspace.launcher(False))
+            workspace.setup_s = time.monotonic() - started
+            if setup:
+                workspace.artifacts = setup_artifacts(workspace.path)
+        return workspace
+
+    def _checkout(self, mirror: Path, sha: str, path: Path) -> None:
+        """A fresh tree at ``sha`` sharing the mirror's objects, owned by the sandbox's uid."""
+        git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
+        git(["checkout", "--quiet", "--detach", sha], cwd=path)
+        self.hand_over(path, recursive=True)
+
+    def destroy(self, workspace: Workspace) -> None:
+        with self._lock:
+            if workspace.destroyed:
+                return
+            workspace.destroyed = True
+        if self.mode == "overlay":
+            unmount(workspace.path)
+        remove_tree(workspace.root)
+        self.mirrors.unpin(workspace.mirror)
+        if workspace.template is not None and self.templates is not None:
+            self.templates.release(workspace.template)
+
+    # ------------------------------------------------------------------ reset / snapshot
+
+    def reset(self, workspace: Workspace) -> None:
+        """Back to the base state; in overlay mode this costs what the task changed."""
+        if self.mode == "overlay":
+            unmount(workspace.path)
+            for part in ("upper", "work", "merged"):
+                remove_tree(workspace.root / part)
+            for layer in workspace.layers:
+                remove_tree(layer)
+            workspace.layers = []
+            self._mount(workspace)
+            return
+        remove_tree(workspace.path)
+        if self.mode == "copy":
+            assert workspace.template is not None
+            copy_tree(workspace.template.tree, workspace.path, self.capabilities.reflink)
+        else:
+            self._checkout(workspace.mirror, workspace.base_commit, workspace.path)
+            self.run_setup(workspace.path, workspace.setup, workspace.sandbox_env(workspace.env),
+                           launcher=workspace.launcher(False))
+
+    def snapshot(self, workspace: Workspace, target: Path) -> Snapshot:
+        """Capture the workspace read-only at ``target``: its changes only, where overlay allows."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if self.mode == "overlay":
+            # The fork's lower layers are the source's earlier layers plus its upper directory,
+            # merged into one: copy the earlier layer, then the upper on top of it.
+            if workspace.layers:
+                copy_tree(workspace.layers[0], target, self.capabilities.reflink)
+                _overlay_copy(workspace.root / "upper", target)
+            else:
+                copy_tree(workspace.root / "upper", target, self.capabilities.reflink)
+            return Snapshot(path=target, size_bytes=_size(target))
+        copy_tree(workspace.path, target, self.capabilities.reflink)
+        return Snapshot(path=target, size_bytes=_size(target))
+
+    # ------------------------------------------------------------------ setup
+
+    def run_setup(
+        self, tree: Path, setup: list[str], full_env: dict[str, str], launcher: list[str]
+    ) -> None:
+        """Run setup commands (network allowed: they install dependencies)."""
+        for command in setup:
+            outcome = run_command(
+                command, cwd=str(tree), env=full_env, timeout=self.setup_timeout,
+                launcher=launcher,
+            )
+            if outcome.timed_out or outcome.exit_code != 0:
+                why = "timed out" if outcome.timed_out else f"exited {outcome.exit_code}"
+                raise SetupFailed(f"setup command {why}: {command}\n{outcome.output[-2000:]}")
+
+    def hand_over(self, path: Path, recursive: bool = False) -> None:
+        """Give ``path`` to the unprivileged uid code under test runs as (when configured)."""
+        if self.sandbox.run_as is None or not path.exists():
+            return
+        uid, gid = self.sandbox.run_as
+        if recursive:
+            subprocess.run(["chown", "-R", f"{uid}:{gid}", "--", str(path)], check=True,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+        else:
+            os.lchown(path, uid, gid)
+
+    def hand_over_paths(self, workspace: Workspace, relative_paths: Iterable[str]) -> None:
+        """Give files the executor wrote (patches, uploads) and their new parents to the uid."""
+        if self.sandbox.run_as is None:
+            return
+        for relative in relative_paths:
+            target = workspace.path / relative
+            while target != workspace.path and workspace.path in target.parents:
+                if target.exists() or target.is_symlink():
+                    self.hand_over(target)
+                target = target.parent
+
+    def template_setup(self, tree: Path, setup: list[str], env: dict[str, str]) -> None:
+        """Setup of a template, run with the template at the fixed path (see templates.py)."""
+        tmp = tree.parent / "tmp"
+        (tmp / "home").mkdir(parents=True, exist_ok=True)
+        self.hand_over(tree, recursive=True)
+        self.hand_over(tmp, recursive=True)
+        launcher = self.sandbox.launcher(tree, tmp, deny_network=False)
+        full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
+        self.run_setup(tree, setup, full_env, launcher=launcher)
+
+
+def _overlay_copy(upper: Path, target: Path) -> None:
+    """Apply an overlay upper directory onto a copy of the layer below it (whiteouts included)."""
+    # cp -a of the upper's contents over the target: new and changed files replace old ones;
+    # whiteout device files replace what they hide, which is what a lower layer needs.
+    subprocess.run(["cp", "-a", "--remove-destination", f"{upper}/.", str(target)], check=True,
+                   stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file() and not item.is_symlink():
+                total += item.stat().st_size
+        except OSError:
+            continue
+    return total
