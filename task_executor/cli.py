@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import logging.handlers
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from task_executor import __version__
+# Only light imports up here: the process makes itself non-dumpable first thing in main(), and
+# everything imported before that is start-up time during which it is not (see hardening).
+from task_executor import __version__, hardening
 from task_executor.config import Settings, settings_from_env
-from task_executor.service.requestlog import RequestIdFilter
 
 log = logging.getLogger("task_executor")
 
@@ -30,12 +32,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--base-dir", help="working directory (TASK_BASE_DIR)")
     serve.add_argument(
-        "--token", help="bearer token required by every route but /health (API_TOKEN)"
+        "--token",
+        help="bearer token required by every route but /health (API_TOKEN); moved out of argv "
+        "and the environment at start",
     )
+    serve.add_argument(
+        "--token-file",
+        help="read the token from this file, one trailing newline stripped (API_TOKEN_FILE)",
+    )
+    # Internal: the re-exec'd image reads the token from this inherited pipe (see hardening).
+    serve.add_argument("--token-fd", type=int, help=argparse.SUPPRESS)
     return parser
 
 
+_TOKEN_ARGS = ("token", "token_file", "token_fd")
+
+
 def configure_logging(settings: Settings) -> None:
+    from task_executor.service.requestlog import RequestIdFilter  # Flask: not before main()
+
     settings.base_dir.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s %(threadName)s [%(request_id)s] %(message)s"
@@ -80,19 +95,43 @@ def serve(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run the CLI. With ``argv`` None this is the process's own entry point (the console
+    script, ``python -m task_executor``): the process makes itself non-dumpable and, when the
+    token came in argv or the environment, re-execs itself without it (see
+    :mod:`task_executor.hardening`). With an explicit ``argv`` (tests, embedding) it does neither.
+    """
+    entry_point = argv is None
+    dumpable = hardening.make_undumpable() if entry_point else None  # before any token is read
+    parser = _parser()
+    args = parser.parse_args(argv)
+    token_args = {name: getattr(args, name, None) for name in _TOKEN_ARGS}
     try:
+        source = hardening.choose_source(**token_args, environ=os.environ)
+        if entry_point and hardening.needs_reexec(args.token, args.token_fd, os.environ):
+            hardening.reexec_without_token(
+                sys.argv[1:], source, os.environ, check=_same_flags_check(parser, args)
+            )
+        token = hardening.load_token(source)
         settings = settings_from_env().with_overrides(
             host=args.host,
             port=args.port,
             threads=args.threads,
             base_dir=args.base_dir,
-            token=args.token,
+            token=token,
         )
     except ValueError as exc:
         print(f"task-executor: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the re-exec itself failed: never serve with the token on show
+        print(f"task-executor: cannot re-exec to hide the token: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings)
+    if dumpable is not None:
+        (log.info if dumpable[0] else log.warning)("%s", dumpable[1])
+    log.info(
+        "auth: %s",
+        f"bearer token required (from {source.origin})" if source else "none (no token set)",
+    )
     from task_executor.service.lifecycle import BaseDirInUse
 
     try:
@@ -101,3 +140,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _same_flags_check(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> Callable[[list[str]], None]:
+    """A check that the re-exec'd image's arguments parse to the same flags but the token's."""
+
+    def check(new_args: list[str]) -> None:
+        again = parser.parse_args(new_args)
+        before = {k: v for k, v in vars(args).items() if k not in _TOKEN_ARGS}
+        after = {k: v for k, v in vars(again).items() if k not in _TOKEN_ARGS}
+        if before != after or again.token is not None:
+            raise hardening.TokenError(
+                "re-exec would change flags other than the token; refusing (use --token-file)"
+            )
+
+    return check
