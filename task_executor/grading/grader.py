@@ -226,7 +226,7 @@ class Grader:
         mark = time.monotonic()
         outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
         phases.tests = time.monotonic() - mark
-        run = read_report(workspace.tmp / report_name)
+        run = read_report(workspace.tmp, report_name)
         self._judge(job, run, outcome, result)
 
     def _run_tests(

@@ -9,10 +9,14 @@ cross-checked against those states: a runner that says "failed" while every repo
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox_client.protocol import TestState
+from task_executor.sandbox.confined import ConfinedTree, Refusal
+
+log = logging.getLogger(__name__)
 
 _BAD = ("FAILED", "ERROR")
 
@@ -60,33 +64,55 @@ _UNITTEST_STATES: dict[str, TestState] = {
 _SEVERITY = {"MISSING": 0, "PASSED": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
 
 
-def read_report(path: Path) -> ReportedTests:
+MAX_REPORT_BYTES = 64 * 1024 * 1024
+"""A report is a few JSON lines per test; past this it is not a report but an attack on memory."""
+
+
+def read_report(directory: Path | ConfinedTree, name: str) -> ReportedTests:
+    """The report file ``name`` in ``directory`` (the workspace's temporary directory), parsed.
+
+    Code under test can write that directory: the report may have been replaced by a symlink
+    to a host file, a FIFO, a device or a huge file. It is read through ``sandbox.confined``
+    (no symlink followed, nothing but a regular file opened, nothing blocks); anything but a
+    regular file of sane size reads as no report at all.
+    """
+    try:
+        if isinstance(directory, ConfinedTree):
+            data = directory.read_bytes(name, MAX_REPORT_BYTES)
+        else:
+            with ConfinedTree(directory) as tree:
+                data = tree.read_bytes(name, MAX_REPORT_BYTES)
+    except Refusal as refusal:
+        if refusal.code != "file_not_found":
+            log.warning("test report ignored: %s", refusal)
+        return ReportedTests()
+    return parse_report(data)
+
+
+def parse_report(data: bytes) -> ReportedTests:
     """Parse the reporter's JSON lines; a malformed line is ignored, not trusted."""
     run = ReportedTests()
-    if not path.exists():
-        return run
     phases: dict[str, dict[str, dict]] = {}
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record, dict):
-                continue
-            kind = record.get("kind")
-            test_id = str(record.get("id", ""))
-            if kind == "test" and record.get("outcome") != "rerun":
-                phases.setdefault(test_id, {})[str(record.get("when"))] = record
-            elif kind == "collect":
-                run.states[test_id or "<collection>"] = "ERROR"
-            elif kind == "unittest":
-                state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")
-                previous = run.states.get(test_id, "MISSING")
-                if _SEVERITY[state] >= _SEVERITY[previous]:
-                    run.states[test_id] = state
-                for alias in record.get("aliases") or []:
-                    run.aliases.setdefault(str(alias), test_id)
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        kind = record.get("kind")
+        test_id = str(record.get("id", ""))
+        if kind == "test" and record.get("outcome") != "rerun":
+            phases.setdefault(test_id, {})[str(record.get("when"))] = record
+        elif kind == "collect":
+            run.states[test_id or "<collection>"] = "ERROR"
+        elif kind == "unittest":
+            state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")
+            previous = run.states.get(test_id, "MISSING")
+            if _SEVERITY[state] >= _SEVERITY[previous]:
+                run.states[test_id] = state
+            for alias in record.get("aliases") or []:
+                run.aliases.setdefault(str(alias), test_id)
     for test_id, by_phase in phases.items():
         run.states[test_id] = _pytest_state(by_phase)
     return run

@@ -35,7 +35,7 @@ from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
 from .capture import capture_patch
-from .files import FileBytes, read_file, resolve_inside, write_file
+from .files import FileBytes, read_file, write_file
 from .runner import ShellSession
 
 log = logging.getLogger(__name__)
@@ -195,26 +195,25 @@ class SessionManager:
 
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:
-            return read_file(session.workspace.path, self._tree_path(session, path))
+            return read_file(session.workspace.path, self._tree_path(session, path), shown=path)
 
     def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
         with self._using(session_id) as session:
-            tree = session.workspace.path
-            requested = self._tree_path(session, path)
-            written = write_file(tree, requested, data)
-            if self.workspaces.sandbox.run_as is not None:
-                target = resolve_inside(tree, requested)
-                self.workspaces.hand_over_paths(
-                    session.workspace, [str(target.relative_to(os.path.realpath(tree)))]
-                )
-            return written
+            # The file and the parents made for it are created owned by the uid code under test
+            # runs as (when one is configured), through the same fds that made them: a chown by
+            # path afterwards would follow whatever the session swapped in meanwhile.
+            return write_file(
+                session.workspace.path, self._tree_path(session, path), data,
+                owner=self.workspaces.sandbox.run_as, shown=path,
+            )
 
     @staticmethod
     def _tree_path(session: Session, path: str) -> str:
-        """Absolute paths are the agent's view (the fixed path); map them onto the tree."""
+        """Absolute paths are the agent's view (the fixed path): map them onto the tree as a
+        relative path. Any other absolute path stays absolute, and is refused (403)."""
         visible = session.workspace.visible_path.rstrip("/")
         if path == visible or path.startswith(visible + "/"):
-            return str(session.workspace.path) + path[len(visible):]
+            return path[len(visible):].lstrip("/") or "."
         return path
 
     def state(self, session_id: str) -> SessionState:
