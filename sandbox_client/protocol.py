@@ -214,6 +214,46 @@ class TaskResult(_Response):
     )
 
 
+class SandboxLimit(_Response):
+    """One resource limit of code under test, and what enforces it."""
+
+    limit: int | None = Field(default=None, description="The limit (null: none).")
+    enforced_by: str | None = Field(
+        default=None,
+        description="`cgroup` (per workspace), `tmpfs` (per workspace), `rlimit` (per "
+        "process), `rlimit-per-uid` (shared by every sandbox), or null when nothing does.",
+    )
+
+
+class SandboxReport(_Response):
+    """The sandbox code under test runs in, as this executor actually provides it."""
+
+    tool: Literal["bwrap", "none"] = Field(description="What contains code under test.")
+    user_namespace: bool = Field(
+        description="Root inside maps to an unprivileged uid outside, holding no capability."
+    )
+    sandbox_uid: int | None = Field(default=None, description="That uid, outside.")
+    pid_namespace: bool = Field(description="Own PID namespace and /proc: no host process seen.")
+    mount_namespace: bool = Field(description="Own mount, IPC and UTS namespaces.")
+    read_only_host: bool = Field(description="The host root is visible read-only.")
+    executor_hidden: bool = Field(
+        description="The executor's base dir, interpreter, venv and code are not visible."
+    )
+    copy_on_write: list[str] = Field(
+        default_factory=list,
+        description="What code under test may write, each copy-on-write per workspace.",
+    )
+    limits: dict[str, SandboxLimit] = Field(
+        default_factory=dict, description="processes, memory, disk, file_size, shm."
+    )
+    file_access: str = Field(
+        default="", description="How the executor opens files in workspaces (kernel-confined)."
+    )
+    missing: dict[str, str] = Field(
+        default_factory=dict, description="Guarantees this executor cannot give, and why."
+    )
+
+
 class HealthCapabilities(_Response):
     """What isolation and workspace features the active mode provides."""
 
@@ -229,6 +269,9 @@ class HealthCapabilities(_Response):
     )
     private_tmp: bool = Field(
         default=False, description="Each workspace's code under test has its own /tmp."
+    )
+    sandbox: SandboxReport | None = Field(
+        default=None, description="The sandbox in force (user/PID namespaces, limits, layers)."
     )
 
 

@@ -11,6 +11,8 @@ url="http://127.0.0.1:${port}"
 auth=()
 [[ -n "${API_TOKEN:-}" ]] && auth=(-H "Authorization: Bearer ${API_TOKEN}")
 work="$(mktemp -d -t dockyard-demo.XXXXXX)"
+# The sandbox's uid resolves its bind sources itself: it must pass through (not list) this dir.
+chmod 711 "$work"
 executor_pid=""
 
 cleanup() {

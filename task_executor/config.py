@@ -41,6 +41,25 @@ class Settings:
     workspace_mode: str = "auto"
     run_as_uid: int | None = None
     run_as_gid: int | None = None
+    # The sandbox of code under test (see task_executor/sandbox/).
+    sandbox_uid: int = 64000
+    """Unprivileged uid outside that root inside every sandbox maps to (below 65536, so it
+    exists in a Kubernetes pod with ``hostUsers: false`` too)."""
+    sandbox_mode: str = "auto"
+    """``auto``: bubblewrap where it works; ``none``: never (what a pod without user namespaces
+    gets anyway; for tests of that fallback, never for hostile code)."""
+    require_sandbox: bool = False
+    """Refuse to start without the bubblewrap sandbox instead of falling back to none."""
+    task_path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    """PATH of code under test: the image's, never the executor's venv."""
+    runtime_dirs: tuple[str, ...] = ("/usr/local", "/opt")
+    """Host directories code under test sees copy-on-write per workspace (where idmapped
+    mounts work; read-only otherwise)."""
+    pids_limit: int | None = 4096
+    memory_limit_bytes: int | None = 8 * 1024**3
+    disk_limit_bytes: int | None = 4 * 1024**3
+    fsize_limit_bytes: int | None = 8 * 1024**3
+    shm_bytes: int = 64 * 1024**2
 
     max_concurrent_tasks: int | None = None
 
@@ -71,12 +90,24 @@ class Settings:
         for name in ("task_timeout", "command_timeout", "session_idle_timeout", "result_ttl"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        if self.sandbox_mode not in ("auto", "none"):
+            problems.append("sandbox_mode must be auto or none")
+        if self.sandbox_mode == "none" and self.require_sandbox:
+            problems.append("sandbox_mode none contradicts require_sandbox")
         if self.workspace_mode not in ("auto", "git-clone"):
             problems.append("workspace_mode must be auto or git-clone")
         if self.fixed_path is not None and not self.fixed_path.startswith("/"):
             problems.append("fixed_path must be absolute")
         if self.max_sessions < 0:
             problems.append("max_sessions must not be negative")
+        if not 0 < self.sandbox_uid < 2**32 - 1:
+            problems.append("sandbox_uid must be a positive uid")
+        for name in ("pids_limit", "memory_limit_bytes", "disk_limit_bytes", "fsize_limit_bytes"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                problems.append(f"{name} must be positive (or unset)")
+        if any(not d.startswith("/") for d in self.runtime_dirs):
+            problems.append("runtime_dirs must be absolute paths")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -92,6 +123,17 @@ def _tristate(raw: str) -> bool | None:
     if value == "auto":
         return None
     raise ValueError(raw)
+
+
+def _optional_int(raw: str) -> int | None:
+    """An integer, or ``none`` / ``off`` / ``0`` for no limit."""
+    if raw.strip().lower() in ("none", "off", "0", "unlimited"):
+        return None
+    return int(raw)
+
+
+def _paths(raw: str) -> tuple[str, ...]:
+    return tuple(part for part in raw.replace(",", ":").split(":") if part)
 
 
 _ENV = {
@@ -115,6 +157,16 @@ _ENV = {
     "DOCKYARD_WORKSPACE_MODE": ("workspace_mode", str),
     "DOCKYARD_RUN_AS_UID": ("run_as_uid", int),
     "DOCKYARD_RUN_AS_GID": ("run_as_gid", int),
+    "DOCKYARD_SANDBOX_UID": ("sandbox_uid", int),
+    "DOCKYARD_SANDBOX": ("sandbox_mode", str),
+    "DOCKYARD_REQUIRE_SANDBOX": ("require_sandbox", _tristate),
+    "DOCKYARD_TASK_PATH": ("task_path", str),
+    "DOCKYARD_RUNTIME_DIRS": ("runtime_dirs", _paths),
+    "DOCKYARD_PIDS_LIMIT": ("pids_limit", _optional_int),
+    "DOCKYARD_MEMORY_LIMIT_BYTES": ("memory_limit_bytes", _optional_int),
+    "DOCKYARD_DISK_LIMIT_BYTES": ("disk_limit_bytes", _optional_int),
+    "DOCKYARD_FSIZE_LIMIT_BYTES": ("fsize_limit_bytes", _optional_int),
+    "DOCKYARD_SHM_BYTES": ("shm_bytes", int),
 }
 
 
@@ -130,4 +182,6 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[name] = kind(raw)
         except ValueError as exc:
             raise ValueError(f"{variable}={raw!r} is not a valid {kind.__name__}") from exc
+        if values[name] is None and name == "require_sandbox":
+            values[name] = False
     return Settings(**values).validated()  # type: ignore[arg-type]

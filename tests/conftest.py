@@ -39,9 +39,49 @@ def _no_mount_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None
     from task_executor.service.lifecycle import unmount_under
 
     used = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    if used is not None:
+        _searchable_by_the_sandbox(used)
     yield
     if used is not None:
         unmount_under(used)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_cgroup_outlives_the_suite() -> Iterator[None]:
+    """Executors made in-process are never shut down; their (empty) per-executor cgroups would
+    pile up under /sys/fs/cgroup, one per test."""
+    yield
+    import contextlib
+
+    from task_executor.sandbox.cgroups import ROOT
+
+    for parent in [*ROOT.glob("*/dockyard-*"), *ROOT.glob("dockyard-*")]:
+        for child in [*parent.iterdir(), parent]:
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()  # only an empty group goes: nothing that runs is touched
+
+
+def _searchable_by_the_sandbox(path: Path) -> None:
+    """pytest makes its temporary directories 0700; bubblewrap resolves bind sources as the
+    unprivileged sandbox uid, so an executor's base dir in one needs its parents passable (not
+    listable: o+x only). Production base dirs (/tmp/dockyard, /var/lib/...) are so already."""
+    import os
+
+    for directory in [path, *path.parents]:
+        mode = directory.stat().st_mode
+        if not mode & 0o001 and directory.stat().st_uid == os.geteuid():
+            directory.chmod((mode & 0o7777) | 0o011)
+
+
+@pytest.fixture
+def connection_counter() -> Iterator[Any]:
+    """A host-side counter sandboxed code can check in with (see tests.processes)."""
+    from tests.processes import ConnectionCounter
+
+    counter = ConnectionCounter()
+    yield counter
+    counter.close()
 
 
 @pytest.fixture

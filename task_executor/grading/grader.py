@@ -6,6 +6,7 @@ gets the same verdict either way. Nothing here knows about HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shlex
@@ -21,7 +22,7 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import CommandOutcome, run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
-from .diffs import split_patch, touched_paths
+from .diffs import split_patch
 from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
 from .results import ReportedTests, exit_status_conflict, read_report
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 REPORTER_DIR = Path(__file__).resolve().parent / "reporter"
 OWNER_VARIABLE = "DOCKYARD_EXECUTOR"
+REPORTER_VARIABLE = "DOCKYARD_REPORTER_DIR"
+"""Where code under test finds the reporter plugin (a read-only mount in the sandbox)."""
 
 
 @dataclass
@@ -84,16 +87,25 @@ def log_parser_for(spec: GradingSpec, command: str) -> str:
     return "django" if "runtests.py" in command else "pytest"
 
 
-def sandbox_env(settings: Settings, tmp: str, extra: Mapping[str, str]) -> dict[str, str]:
+def owner_token(base_dir: Path) -> str:
+    """An opaque name for the executor owning ``base_dir`` (its processes carry it; it names no
+    path code under test could go looking for)."""
+    return hashlib.sha256(str(base_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def sandbox_env(
+    settings: Settings, reporter: str | None, tmp: str, extra: Mapping[str, str]
+) -> dict[str, str]:
     """The environment of code under test: built from scratch, never the executor's own.
 
-    The executor's token and settings live in its environment; none of it is passed on.
+    The executor's token and settings live in its environment; none of it is passed on. PATH is
+    the task image's (``task_path``), never the executor's venv.
     """
     env = {
-        # Every process this executor starts carries its base directory, so a restarted or
+        # Every process this executor starts carries its token, so a restarted or
         # shutting-down executor can find and kill everything it (or its predecessor) left.
-        OWNER_VARIABLE: str(settings.base_dir),
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        OWNER_VARIABLE: owner_token(settings.base_dir),
+        "PATH": settings.task_path,
         "HOME": f"{tmp}/home",
         "TMPDIR": tmp,
         "LANG": "C.UTF-8",
@@ -103,6 +115,8 @@ def sandbox_env(settings: Settings, tmp: str, extra: Mapping[str, str]) -> dict[
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "GIT_TERMINAL_PROMPT": "0",
     }
+    if reporter is not None:
+        env[REPORTER_VARIABLE] = reporter
     env.update(extra)
     return env
 
@@ -188,27 +202,22 @@ class Grader:
         log_parts: list[str],
         deny_network: bool,
     ) -> None:
-        tree = workspace.path
         report_name = f"report-{uuid.uuid4().hex}.jsonl"
         env = workspace.sandbox_env(job.env)
 
         mark = time.monotonic()
         try:
-            agent = apply_agent_patch(tree, workspace.base_commit, job.patch)
+            agent = apply_agent_patch(workspace, job.patch)
         except PatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
         try:
-            force_apply_test_patch(tree, workspace.base_commit, job.spec.test_patch)
+            force_apply_test_patch(workspace, job.spec.test_patch)
         except PatchFailed as exc:
             raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
-        # Files git wrote belong to root; code under test may run as an unprivileged uid.
-        if workspace.factory.sandbox.run_as is not None:
-            workspace.factory.hand_over_paths(
-                workspace, touched_paths(job.patch) | touched_paths(job.spec.test_patch)
-            )
+        # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)
@@ -216,7 +225,8 @@ class Grader:
         test_env = dict(env)
         test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
         test_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPORTER_DIR), env.get("PYTHONPATH", "")) if p
+            p for p in (env.get(REPORTER_VARIABLE, str(REPORTER_DIR)), env.get("PYTHONPATH", ""))
+            if p
         )
         if parser == "pytest":
             test_env["PYTEST_PLUGINS"] = "dockyard_report"

@@ -4,18 +4,22 @@ Order matters for reward integrity: the agent patch goes first, minus the files 
 test run; then every file the gold test patch touches is put back to its base_commit state (or
 removed, when the test patch creates it) and the test patch is applied on top. Whatever the agent
 did to the held-out tests or the test configuration, the tests that run are the canonical ones.
+
+The tree is the agent's: git and patch run on it inside the workspace's sandbox
+(``workspaces.treegit``), and the executor's own reads and writes of it go through the confined
+file API, so a planted symlink, FIFO or git config acts on nothing outside the workspace.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import PurePosixPath
 
-from task_executor.workspaces.gitcmd import git, git_env
-from task_executor.workspaces.workspace import remove_tree
+from task_executor.sandbox.confined import ConfinedTree, Refusal
+from task_executor.workspaces.gitcmd import git
+from task_executor.workspaces.treegit import APPLY_FUNCTION, literal_pathspecs, run_in_tree
+from task_executor.workspaces.workspace import Workspace
 
 from .diffs import split_patch, touched_paths
 from .testconfig import (
@@ -24,6 +28,8 @@ from .testconfig import (
     is_forbidden_path,
     restore_test_sections,
 )
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 class PatchFailed(Exception):
@@ -36,55 +42,44 @@ class AgentPatchOutcome:
     excluded_files: list[str] = field(default_factory=list)
 
 
-def _apply(worktree: Path, patch_text: str) -> None:
-    """Apply a patch with git, falling back to GNU patch with fuzz as SWE-bench's harness does.
-
-    Each attempt is checked first so a failed attempt never leaves a half-applied tree behind.
-    """
-    with tempfile.NamedTemporaryFile("wb", suffix=".diff", delete=False) as handle:
-        # newline-exact: a CRLF patch must reach git byte for byte.
-        handle.write(patch_text.encode("utf-8", "surrogateescape"))
-        patch_file = handle.name
-    errors = []
-    try:
-        for args in (
-            ["apply", "--whitespace=nowarn"],
-            ["apply", "--whitespace=nowarn", "--ignore-whitespace", "--recount"],
-        ):
-            check = git([*args, "--check", patch_file], cwd=worktree, check=False)
-            if check.returncode == 0:
-                git([*args, patch_file], cwd=worktree)
-                return
-            errors.append(check.stderr.decode("utf-8", "replace").strip())
-        if shutil.which("patch"):
-            base = ["patch", "--batch", "--fuzz=5", "-p1", "--forward", "--no-backup-if-mismatch"]
-            dry = _run_patch([*base, "--dry-run", "-i", patch_file], worktree)
-            if dry.returncode == 0:
-                real = _run_patch([*base, "-i", patch_file], worktree)
-                if real.returncode == 0:
-                    return
-                errors.append(real.stdout.decode("utf-8", "replace").strip())
-            else:
-                errors.append(dry.stdout.decode("utf-8", "replace").strip())
-    finally:
-        Path(patch_file).unlink(missing_ok=True)
-    raise PatchFailed("\n".join(e for e in errors if e)[-4000:] or "patch does not apply")
+def _apply(workspace: Workspace, patch_text: str, checkout: list[str] | None = None) -> None:
+    """Apply a patch in the sandbox (git, then GNU patch with fuzz, as SWE-bench's harness does),
+    after restoring ``checkout`` paths to base_commit; PatchFailed with the tools' output."""
+    inputs = {"patch.diff": patch_text.encode("utf-8", "surrogateescape")}
+    script = APPLY_FUNCTION
+    if checkout:
+        inputs["checkout"] = literal_pathspecs(checkout)
+        script += (
+            'mapfile -d "" -t paths < "$DY_SCRATCH/checkout"\n'
+            'g read-tree "$DY_BASE" && g checkout "$DY_BASE" -- "${paths[@]}" '
+            '2>>"$DY_SCRATCH/errors" || exit 4\n'
+        )
+    script += 'apply_patch "$DY_SCRATCH/patch.diff" || exit 1\n'
+    outcome = run_in_tree(workspace, script, inputs=inputs,
+                          env={"DY_BASE": workspace.base_commit})
+    if outcome.exit_code == 0:
+        return
+    errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
+    if outcome.exit_code == 4:
+        raise PatchFailed(f"restoring test files to base failed: {errors[-2000:]}")
+    raise PatchFailed((errors or outcome.output.strip())[-4000:] or "patch does not apply")
 
 
-def _run_patch(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, env=git_env(), timeout=300
-    )
-
-
-def _show_at(worktree: Path, commit: str, path: str) -> str | None:
-    proc = git(["show", f"{commit}:{path}"], cwd=worktree, check=False)
+def _show_at(workspace: Workspace, path: str) -> str | None:
+    """A file's content at base_commit, read from the executor's mirror (never the tree)."""
+    proc = git(["--git-dir", str(workspace.mirror), "show", f"{workspace.base_commit}:{path}"],
+               check=False)
     if proc.returncode != 0:
         return None
     return proc.stdout.decode("utf-8", "surrogateescape")
 
 
-def apply_agent_patch(worktree: Path, base_commit: str, patch_text: str) -> AgentPatchOutcome:
+def _exists_at_base(workspace: Workspace, path: str) -> bool:
+    return git(["--git-dir", str(workspace.mirror), "cat-file", "-e",
+                f"{workspace.base_commit}:{path}"], check=False).returncode == 0
+
+
+def apply_agent_patch(workspace: Workspace, patch_text: str) -> AgentPatchOutcome:
     """Apply the agent's patch minus test configuration; raise PatchFailed if it does not apply."""
     if not patch_text.strip():
         return AgentPatchOutcome(applied=False)
@@ -92,72 +87,80 @@ def apply_agent_patch(worktree: Path, base_commit: str, patch_text: str) -> Agen
     if not sections:
         raise PatchFailed("the patch contains no file changes (not a unified diff)")
     kept, excluded = drop_test_config(sections)
-    sectioned = {p for section in kept for p in section.paths if Path(p).name in SECTIONED_FILES}
+    sectioned = {p for section in kept for p in section.paths
+                 if PurePosixPath(p).name in SECTIONED_FILES}
     if kept:
-        _apply(worktree, preamble + "".join(section.text for section in kept))
+        _apply(workspace, preamble + "".join(section.text for section in kept))
     for path in sorted(sectioned):
-        if _restore_sections(worktree, base_commit, path):
+        if _restore_sections(workspace, path):
             excluded.append(path)
     return AgentPatchOutcome(applied=True, excluded_files=sorted(set(excluded)))
 
 
-def _restore_sections(worktree: Path, base_commit: str, path: str) -> bool:
-    """Put the test-configuring sections of setup.cfg / pyproject.toml back; True if changed."""
-    target = worktree / path
-    base = _show_at(worktree, base_commit, path)
-    patched = target.read_bytes().decode("utf-8", "surrogateescape") if target.exists() else None
-    if patched is None:
-        if base is None:
-            return False
-        restored, changed = restore_test_sections(Path(path).name, base, "")
-        if not changed:
-            return False
-        target.write_bytes(restored.encode("utf-8", "surrogateescape"))
-        return True
-    restored, changed = restore_test_sections(Path(path).name, base or "", patched)
-    if changed:
-        target.write_bytes(restored.encode("utf-8", "surrogateescape"))
-    return changed
+def _restore_sections(workspace: Workspace, path: str) -> bool:
+    """Put the test-configuring sections of setup.cfg / pyproject.toml back; True if changed.
+
+    A patched file that is not a regular file (the patch made it a symlink) is replaced by its
+    base content outright: its test sections are the base's either way.
+    """
+    name = PurePosixPath(path).name
+    base = _show_at(workspace, path)
+    with ConfinedTree(workspace.path) as tree:
+        patched: str | None = None
+        planted = False
+        if tree.exists(path):
+            info = tree.lstat(path)
+            if stat.S_ISREG(info.st_mode):
+                patched = tree.read_bytes(path, MAX_CONFIG_BYTES).decode(
+                    "utf-8", "surrogateescape")
+            else:
+                planted = True
+                tree.remove(path)
+        if patched is None:
+            if base is None:
+                return planted
+            restored, changed = restore_test_sections(name, base, "")
+            if changed or planted:
+                tree.write_bytes(path, restored.encode("utf-8", "surrogateescape"),
+                                 owner=workspace.factory.sandbox.owner)
+            return changed or planted
+        restored, changed = restore_test_sections(name, base or "", patched)
+        if changed:
+            tree.write_bytes(path, restored.encode("utf-8", "surrogateescape"),
+                             owner=workspace.factory.sandbox.owner)
+        return changed
 
 
-def force_apply_test_patch(worktree: Path, base_commit: str, test_patch: str) -> None:
+def force_apply_test_patch(workspace: Workspace, test_patch: str) -> None:
     """Reset every file the test patch touches to base_commit, then apply it; PatchFailed if not."""
     if not test_patch.strip():
         return
     paths = sorted(touched_paths(test_patch))
     at_base = []
-    for path in paths:
-        if is_forbidden_path(path):
-            raise PatchFailed(f"test patch touches {path}")
-        _clear_planted_parents(worktree, base_commit, path)
-        exists = git(["cat-file", "-e", f"{base_commit}:{path}"], cwd=worktree, check=False)
-        if exists.returncode == 0:
-            at_base.append(path)
-        else:
-            _remove_path(worktree / path)
-    if at_base:
-        for path in at_base:
-            _remove_path(worktree / path)  # a symlink or directory planted in its place, too
-        git(["checkout", base_commit, "--", *(f":(literal){p}" for p in at_base)], cwd=worktree)
-    _apply(worktree, test_patch)
+    with ConfinedTree(workspace.path, no_symlinks=True) as tree:
+        for path in paths:
+            if is_forbidden_path(path):
+                raise PatchFailed(f"test patch touches {path}")
+            try:
+                _clear_planted_parents(tree, path)
+                if tree.exists(path):
+                    tree.remove(path)  # a symlink or directory planted in its place, too
+            except Refusal as exc:
+                raise PatchFailed(f"test patch path {path}: {exc}") from exc
+            if _exists_at_base(workspace, path):
+                at_base.append(path)
+        # Parents cleared above that exist at base come back with the files under them.
+    _apply(workspace, test_patch, checkout=at_base)
 
 
-def _clear_planted_parents(worktree: Path, base_commit: str, path: str) -> None:
-    """A parent directory replaced by a symlink or a file would send writes outside the tree."""
-    current = worktree
-    for part in Path(path).parts[:-1]:
-        current = current / part
-        if current.is_symlink() or (current.exists() and not current.is_dir()):
-            current.unlink()
-            relative = current.relative_to(worktree).as_posix()
-            tree = git(["cat-file", "-e", f"{base_commit}:{relative}"], cwd=worktree, check=False)
-            if tree.returncode == 0:
-                git(["checkout", base_commit, "--", f":(literal){relative}"], cwd=worktree)
+def _clear_planted_parents(tree: ConfinedTree, path: str) -> None:
+    """A parent directory replaced by a symlink or a file would send writes elsewhere: remove
+    it (git then restores what base_commit had there)."""
+    parts = PurePosixPath(path).parts[:-1]
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        if not tree.exists(prefix):
             return
-
-
-def _remove_path(target: Path) -> None:
-    if target.is_symlink() or target.is_file():
-        target.unlink()
-    elif target.is_dir():
-        remove_tree(target)
+        if not stat.S_ISDIR(tree.lstat(prefix).st_mode):
+            tree.remove(prefix)
+            return

@@ -1,127 +1,51 @@
-"""What the kernel lets us do, detected once at start, and the launcher that uses it.
+"""The launcher: how every process of code under test is started and contained.
 
-Fast mode needs three things: overlay mounts in the base directory (copy-on-write workspaces),
-private mount namespaces (each task sees its own tree at the same fixed path) and network
-namespaces (a loopback-only network for code under test). A default Kubernetes pod allows none of
-them; then the executor falls back (plain copies, no fixed path, no egress guard) and says so in
-``/health``. Nothing here guesses: each capability is tried for real.
+Code under test (tests, setup, session shells and all they start) is hostile and runs as root
+inside its sandbox by default, so the sandbox has to make that root worthless outside. Where
+bubblewrap works (``capabilities.detect``), a command runs as::
 
-The launcher is an argv prefix: ``unshare`` makes the namespaces, a tiny ``sh`` script binds the
-workspace at the fixed path and a private /tmp, brings loopback up, applies resource limits,
-optionally drops to an unprivileged uid, then ``exec``s the real command.
+    sh -c <join the workspace's cgroups>    pids and memory limits, joined before anything else
+    setpriv --reuid=U ... --no-new-privs    the sandbox uid, no capabilities, none to regain
+    prlimit --fsize (--nproc)               rlimits (RLIMIT_NPROC only without a pids cgroup)
+    bwrap --unshare-user --uid 0 ...        root inside = U outside, holding no capability over
+                                            anything outside; new PID namespace and /proc, new
+                                            mount, IPC, UTS (and, to deny egress, network)
+                                            namespaces; nested user namespaces refused; killed
+                                            with its parent; its own session (no TIOCSTI)
+
+and sees: the host root read-only; a private minimal /dev, a size-limited /dev/shm, /run empty;
+the executor's base directory, interpreter, venv and code hidden under empty tmpfs; the workspace
+read-write at the fixed path, its own /tmp (and home in it); the copy-on-write runtime
+directories the workspace factory mounted; the reporter plugin read-only at ``REPORTER_MOUNT``.
+
+Without bubblewrap there is no sandbox: commands run as the executor's uid (or ``run_as``) with
+rlimits only, in ``git-clone`` mode, and ``/health`` says so.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from .capabilities import Capabilities, drop_to, searchable_by_others
+from .cgroups import Group, enter_argv
+from .limits import Limits
+
+REPORTER_MOUNT = "/run/dockyard/reporter"
+"""Where code under test finds the reporter plugin (read-only; the executor's own packages are
+never on its ``sys.path``)."""
+REPO_MOUNT = "/run/dockyard/repo"
+"""Where git run inside the sandbox finds the repository mirror (read-only)."""
 
 
 @dataclass(frozen=True)
-class Capabilities:
-    """Kernel features available to this executor (see the module docstring)."""
+class Bind:
+    """A host directory shown to code under test at ``target``."""
 
-    overlay: bool
-    mount_namespace: bool
-    network_namespace: bool
-    reflink: bool
-
-
-def _quiet(argv: list[str], timeout: float = 10) -> bool:
-    try:
-        return subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
-        ).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _can_overlay(scratch: Path) -> bool:
-    layers = {name: scratch / name for name in ("lower", "upper", "work", "merged")}
-    for path in layers.values():
-        path.mkdir()
-    (layers["lower"] / "probe").write_text("lower")
-    options = f"lowerdir={layers['lower']},upperdir={layers['upper']},workdir={layers['work']}"
-    if not _quiet(["mount", "-t", "overlay", "overlay", "-o", options, str(layers["merged"])]):
-        return False
-    try:
-        (layers["merged"] / "probe").write_text("upper")
-        return (layers["lower"] / "probe").read_text() == "lower"
-    finally:
-        _quiet(["umount", str(layers["merged"])])
-
-
-def _can_reflink(scratch: Path) -> bool:
-    source = scratch / "reflink-source"
-    source.write_bytes(b"x" * 4096)
-    return _quiet(["cp", "--reflink=always", str(source), str(scratch / "reflink-copy")])
-
-
-def detect(base_dir: Path) -> Capabilities:
-    """Try each feature for real inside ``base_dir`` (where workspaces will live)."""
-    base_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".probe-", dir=base_dir) as scratch:
-        overlay = shutil.which("mount") is not None and _can_overlay(Path(scratch))
-        reflink = _can_reflink(Path(scratch))
-    mount_ns = shutil.which("unshare") is not None and _quiet(
-        ["unshare", "--mount", "--propagation", "private", "true"]
-    )
-    net_ns = (
-        mount_ns
-        and shutil.which("ip") is not None
-        and _quiet(["unshare", "--net", "sh", "-c", "ip link set lo up"])
-    )
-    found = Capabilities(
-        overlay=overlay, mount_namespace=mount_ns, network_namespace=net_ns, reflink=reflink
-    )
-    log.info("isolation capabilities: %s", found)
-    return found
-
-
-# The script run between unshare and the command. Arguments: tree, fixed path, private tmp and
-# where to show it (/tmp itself, or a fixed directory when /tmp must stay shared), a directory to
-# hide (the executor's base directory: other tasks' trees, mirrors, templates, logs),
-# the bring-loopback-up flag, then the command. Mount failures abort: a task must never run in the
-# host's view of the fixed path or with the host's /tmp.
-_INSIDE = r"""
-set -e
-tree=$1 fixed=$2 tmp=$3 tmpdir=$4 hide=$5 loopback=$6
-shift 6
-if [ -n "$fixed" ]; then mount --bind "$tree" "$fixed"; cd "$fixed"; else cd "$tree"; fi
-if [ -n "$tmp" ]; then mount --bind "$tmp" "$tmpdir"; fi
-if [ -n "$hide" ] && [ -d "$hide" ]; then mount -t tmpfs -o size=64k,mode=0555 none "$hide"; fi
-if [ "$loopback" = 1 ]; then ip link set lo up; fi
-exec "$@"
-"""
-
-
-@functools.cache
-def _have_prlimit() -> bool:
-    """Looked up once: every grading and session start builds a launcher."""
-    return shutil.which("prlimit") is not None
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of code under test (prlimit names; None leaves a limit as it is)."""
-
-    nproc: int | None = 4096
-    fsize_bytes: int | None = 8 * 1024**3
-
-    def prlimit_argv(self) -> list[str]:
-        if not _have_prlimit():
-            return []
-        pairs = [("--nproc", self.nproc), ("--fsize", self.fsize_bytes)]
-        options = [f"{flag}={value}" for flag, value in pairs if value is not None]
-        return ["prlimit", *options, "--"] if options else []
+    source: Path
+    target: str
+    writable: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,33 +54,78 @@ class Sandbox:
 
     capabilities: Capabilities
     fixed_path: str | None
-    hide: str | None = None
-    private_tmp: bool = True
-    """Bind each workspace's own directory over /tmp (off when the executor's interpreter, the
-    reporter or a PATH entry lives under /tmp: code under test could not reach them)."""
+    hide: tuple[str, ...] = ()
+    """Host directories replaced by an empty tmpfs (base dir, executor interpreter, venv, code)."""
     limits: Limits = Limits()
     run_as: tuple[int, int] | None = None
+    """uid/gid code under test runs as (inside the sandbox: it maps to the sandbox uid)."""
+    reporter_dir: Path | None = None
+    runtime_dirs: tuple[str, ...] = field(default_factory=tuple)
+    """Host directories every workspace sees copy-on-write (the workspace factory mounts them)."""
+    host_view: tuple[str, ...] = ("--ro-bind", "/", "/")
+    """bwrap arguments that show the host read-only (see ``host_view_argv``)."""
 
-    def launcher(self, tree: Path, tmp: Path | None, deny_network: bool) -> list[str]:
+    @property
+    def active(self) -> bool:
+        return self.capabilities.sandbox
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who files code under test may edit must belong to on the host (None: leave as is)."""
+        if self.active:
+            uid = self.capabilities.sandbox_uid
+            assert uid is not None
+            return (uid, uid) if os.geteuid() == 0 else None
+        return self.run_as
+
+    def launcher(
+        self,
+        tree: Path,
+        tmp: Path | None,
+        deny_network: bool,
+        *,
+        group: Group | None = None,
+        binds: tuple[Bind, ...] = (),
+    ) -> list[str]:
         """The argv prefix that runs a command inside this workspace's sandbox."""
         if deny_network and not self.capabilities.network_namespace:
             # Fail closed: callers check `can_deny_network` first; this is the last guard.
             raise RuntimeError("egress denial requested but network namespaces are unavailable")
-        tail = self.limits.prlimit_argv()
-        if self.run_as is not None:
-            uid, gid = self.run_as
-            tail = [*tail, "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-        if not self.capabilities.mount_namespace:
-            return tail
-        unshare = ["unshare", "--mount", "--propagation", "private"]
-        if deny_network:
-            unshare.append("--net")
-        fixed = self.fixed_path or ""
-        return [
-            *unshare, "--", "sh", "-c", _INSIDE, "dockyard-sandbox",
-            str(tree), fixed, str(tmp) if tmp else "", self.visible_tmp(tmp or Path("/tmp")),
-            self.hide or "", "1" if deny_network else "0", *tail,
+        rlimits = self.limits.prlimit_argv(nproc=group is None or "pids" not in group.directories)
+        if not self.active:
+            tail = rlimits
+            if self.run_as is not None:
+                uid, gid = self.run_as
+                tail = [*tail, "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                        "--no-new-privs", "--"]
+            return [*enter_argv(group), *tail]
+        uid = self.capabilities.sandbox_uid
+        assert uid is not None and self.capabilities.bwrap is not None
+        inside_uid, inside_gid = self.run_as or (0, 0)
+        fixed = self.fixed_path or "/testbed"
+        argv = [
+            *enter_argv(group), *drop_to(uid), *rlimits, self.capabilities.bwrap,
+            "--unshare-user", "--uid", str(inside_uid), "--gid", str(inside_gid),
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--disable-userns", *(["--unshare-net"] if deny_network else []),
+            "--die-with-parent", "--new-session",
+            *self.host_view, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run",
         ]
+        argv += ["--size", str(self.limits.shm_bytes), "--tmpfs", "/dev/shm"]
+        if tmp is not None:
+            argv += ["--bind", str(tmp), "/tmp"]
+        argv += ["--bind", str(tree), fixed]
+        for bind in binds:
+            argv += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.target]
+        # Last, so that a copy-on-write runtime directory (/opt) bound above does not show the
+        # executor's venv inside it again.
+        for hidden in self.hide:
+            argv += ["--tmpfs", hidden]
+        if self.reporter_dir is not None:
+            argv += ["--ro-bind", str(self.reporter_dir), REPORTER_MOUNT]
+        if self.host_view[:2] == ("--tmpfs", "/"):
+            argv += ["--remount-ro", "/"]  # after every mount point was made in it
+        return [*argv, "--chdir", fixed, "--hostname", "dockyard", "--"]
 
     @property
     def can_deny_network(self) -> bool:
@@ -164,25 +133,75 @@ class Sandbox:
 
     def visible_tmp(self, tmp: Path) -> str:
         """Where code under test sees its private temporary directory (TMPDIR)."""
-        if not self.capabilities.mount_namespace:
-            return str(tmp)
-        if self.private_tmp:
-            return "/tmp"
-        # The real directory is inside the hidden base directory: show it at a fixed place.
-        return f"{self.fixed_path or '/dockyard'}.tmp"
+        return "/tmp" if self.active else str(tmp)
+
+    def visible_reporter(self) -> str | None:
+        if self.reporter_dir is None:
+            return None
+        return REPORTER_MOUNT if self.active else str(self.reporter_dir)
 
 
-def needed_under_tmp(paths: list[str]) -> list[str]:
-    """Which of ``paths`` a private /tmp would hide from code under test."""
-    tmp = os.path.realpath("/tmp")
-    return [p for p in paths if p and os.path.realpath(p).startswith(tmp + os.sep)]
+_PRIVATE_TOP = {"proc", "dev", "tmp", "run"}
+"""Top-level directories every sandbox gets its own of."""
+
+
+def host_view_argv(avoid: Path) -> tuple[str, ...]:
+    """bwrap arguments showing the host read-only, entry by entry, without ever binding a
+    directory that contains ``avoid`` (the base directory).
+
+    ``--ro-bind / /`` would be one argument, but it copies every mount below / -- the workspaces'
+    own among them, which come and go all the time: a sandbox starting while another workspace
+    is unmounted fails ("Unable to apply mount flags"). So the root is an empty tmpfs, every
+    top-level entry is bound on its own, and along the path to ``avoid`` the siblings are bound
+    one level at a time; ``avoid`` itself is never shown. The set of entries is read once, at
+    start: what appears later beside the base directory's ancestors is not seen by sandboxes.
+    """
+    target = os.path.realpath(avoid)
+    argv: list[str] = ["--tmpfs", "/"]
+
+    def show(directory: str) -> None:
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            path = os.path.join(directory, entry)
+            if directory == "/" and entry in _PRIVATE_TOP:
+                continue
+            if path == target:
+                continue
+            if os.path.islink(path):
+                argv.extend(["--symlink", os.readlink(path), path])
+            elif target.startswith(path + "/") and os.path.isdir(path):
+                argv.extend(["--dir", path])
+                show(path)
+            elif os.path.isdir(path) or os.path.isfile(path):
+                argv.extend(["--ro-bind", path, path])
+
+    show("/")
+    return tuple(argv)
 
 
 def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> str | None:
-    """Create the fixed mount points (empty directories on the host: the tree's, and its
-    temporary directory's for when /tmp stays shared) when they can be used."""
-    if not fixed_path or not capabilities.mount_namespace:
+    """The fixed path code under test sees its tree at, when there is a sandbox to show it (the
+    sandbox's root is its own tmpfs: nothing is created on the host)."""
+    if not fixed_path or not capabilities.sandbox:
         return None
-    os.makedirs(fixed_path, exist_ok=True)
-    os.makedirs(f"{fixed_path}.tmp", exist_ok=True)
     return fixed_path
+
+
+def hidden_paths(base_dir: Path, extra: list[str]) -> tuple[str, ...]:
+    """What code under test must not see: the base directory, the executor's own interpreter,
+    venv and code (``extra``), except system prefixes that the task's runtime shares."""
+    shared = {"/", "/usr", "/usr/local", "/bin", "/lib", "/opt", "/etc", "/var", "/home"}
+    found = []
+    for path in [str(base_dir), *extra]:
+        real = os.path.realpath(path)
+        if not real or real in shared or real.startswith("/tmp/") or real == "/tmp":
+            continue  # /tmp is private in every sandbox already
+        # A directory a stranger cannot reach is out of sight already (root inside the sandbox
+        # holds no capability to pass a mode it lacks); bwrap could not mount over it either.
+        if os.path.isdir(real) and real not in found and not searchable_by_others(Path(real)):
+            found.append(real)
+    # A parent hidden makes its children's tmpfs unnecessary (and its mount point vanish).
+    return tuple(p for p in found if not any(p.startswith(q + "/") for q in found if q != p))

@@ -42,9 +42,10 @@ from werkzeug.wsgi import ClosingIterator
 
 from task_executor.config import Settings
 from task_executor.errors import ShuttingDown
-from task_executor.grading.grader import OWNER_VARIABLE
+from task_executor.grading.grader import OWNER_VARIABLE, owner_token
 from task_executor.sandbox import reaper
-from task_executor.workspaces.fsutil import remove_tree, unmount
+from task_executor.sandbox.mounts import unmount
+from task_executor.workspaces.fsutil import remove_tree
 
 from .services import Services
 
@@ -164,8 +165,7 @@ class Cleanup:
 
 def owner_entries(base_dir: Path) -> tuple[str, ...]:
     """The environment entries that mark processes of an executor on ``base_dir``."""
-    spellings = dict.fromkeys([str(base_dir), str(base_dir.absolute()), str(base_dir.resolve())])
-    return tuple(f"{OWNER_VARIABLE}={spelling}" for spelling in spellings)
+    return (f"{OWNER_VARIABLE}={owner_token(base_dir)}",)
 
 
 def kill_owned(base_dir: Path, grace: float = reaper.DEFAULT_GRACE_S) -> int:
@@ -352,6 +352,8 @@ def _shut_down(server: Any, services: Services) -> None:
     if not server.task_dispatcher.threads:
         server.asyncore.close_all(server._map)  # the trigger, now that no thread can pull it
     cleanup = clean_base_dir(base_dir)
+    if services.workspaces.groups is not None:
+        services.workspaces.groups.remove_all()  # the workspaces' cgroups, emptied above
     log.info(
         "shut down: killed %d processes, unmounted %d, removed %d working trees",
         killed + cleanup.processes,

@@ -7,21 +7,41 @@ module imports the app back, not even for a type).
 
 from __future__ import annotations
 
-import os
+import logging
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from task_executor.config import Settings
-from task_executor.grading.grader import REPORTER_DIR, Grader, sandbox_env
+from task_executor.errors import ExecutorError
+from task_executor.grading.grader import REPORTER_DIR, Grader, owner_token, sandbox_env
 from task_executor.grading.task_registry import TaskRegistry
 from task_executor.sandbox import isolation
+from task_executor.sandbox.capabilities import detect
+from task_executor.sandbox.cgroups import Groups
+from task_executor.sandbox.limits import Limits
 from task_executor.sessions.manager import SessionManager
 from task_executor.workspaces.mirrors import MirrorCache
+from task_executor.workspaces.runtime import RuntimeLayers
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import WorkspaceFactory
 
 from .capacity import Slots
+
+log = logging.getLogger(__name__)
+
+
+class SandboxUnavailable(ExecutorError):
+    code = "sandbox_unavailable"
+
+
+def executor_paths() -> list[str]:
+    """The executor's own interpreter, venv and code: hidden from code under test."""
+    import task_executor
+
+    package_root = Path(task_executor.__file__).resolve().parent.parent
+    return [sys.prefix, sys.base_prefix, sys.exec_prefix, str(package_root)]
 
 
 @dataclass
@@ -40,34 +60,57 @@ class Services:
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)
-        if settings.workspace_mode == "git-clone" or not settings.fixed_path:
-            capabilities = isolation.Capabilities(
-                overlay=False, mount_namespace=False,
-                network_namespace=False, reflink=False,
+        capabilities = detect(settings.base_dir, settings.sandbox_uid,
+                              sandbox=settings.sandbox_mode != "none")
+        if settings.require_sandbox and not capabilities.sandbox:
+            raise SandboxUnavailable(
+                "DOCKYARD_REQUIRE_SANDBOX is set but code under test cannot be sandboxed: "
+                + capabilities.missing.get("sandbox", "unknown reason")
             )
-        else:
-            capabilities = isolation.detect(settings.base_dir)
+        if not capabilities.sandbox:
+            log.error("NO SANDBOX: code under test runs with the executor's privileges (%s)",
+                      capabilities.missing.get("sandbox"))
+        limits = Limits(
+            pids=settings.pids_limit, memory_bytes=settings.memory_limit_bytes,
+            disk_bytes=settings.disk_limit_bytes, fsize_bytes=settings.fsize_limit_bytes,
+            shm_bytes=settings.shm_bytes,
+        )
         sandbox = isolation.Sandbox(
             capabilities,
             fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),
-            hide=str(settings.base_dir),
-            private_tmp=not isolation.needed_under_tmp(
-                [str(REPORTER_DIR), sys.prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-            ),
+            hide=isolation.hidden_paths(settings.base_dir, executor_paths()),
+            limits=limits,
             run_as=None if settings.run_as_uid is None else (
                 settings.run_as_uid,
                 settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid,
             ),
+            reporter_dir=REPORTER_DIR,
+            host_view=isolation.host_view_argv(settings.base_dir),
         )
+        executor_id = owner_token(settings.base_dir)
+        groups = None
+        if capabilities.cgroup_controllers:
+            groups = Groups(capabilities.cgroup_controllers, executor_id,
+                            pids_max=limits.pids, memory_bytes=limits.memory_bytes)
+            groups.remove_all()  # what a crashed predecessor left
+            groups = Groups(capabilities.cgroup_controllers, executor_id,
+                            pids_max=limits.pids, memory_bytes=limits.memory_bytes)
+        runtime = None
+        if capabilities.idmap and capabilities.overlay and settings.runtime_dirs:
+            assert capabilities.sandbox_uid is not None
+            runtime = RuntimeLayers(settings.base_dir / "runtime", settings.runtime_dirs,
+                                    capabilities.sandbox_uid)
         workspaces = WorkspaceFactory(
             settings.base_dir / "work",
             mirrors,
             templates=None,
             sandbox=sandbox,
-            env_builder=partial(sandbox_env, settings),
+            env_builder=partial(sandbox_env, settings, sandbox.visible_reporter()),
             setup_timeout=settings.task_timeout,
+            groups=groups,
+            runtime=runtime,
         )
-        if sandbox.fixed_path is not None:
+        if sandbox.fixed_path is not None and settings.workspace_mode != "git-clone":
             # Templates pay off only where every workspace can see them at the fixed path.
             workspaces.templates = TemplateCache(
                 settings.base_dir / "templates",

@@ -8,14 +8,12 @@ Test-configuration files are left out of the patch and reported (Sandman A45: ex
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from task_executor.grading.diffs import split_patch
 from task_executor.grading.testconfig import drop_test_config
-from task_executor.workspaces.gitcmd import git
+from task_executor.workspaces.treegit import run_in_tree
+from task_executor.workspaces.workspace import Workspace
 
 
 @dataclass
@@ -24,37 +22,40 @@ class CapturedPatch:
     excluded_files: list[str] = field(default_factory=list)
 
 
-def capture_patch(
-    tree: Path, base_commit: str, mirror: Path, artifacts: list[str] | None = None
-) -> CapturedPatch:
+_CAPTURE = r"""
+g read-tree "$DY_BASE" 2>>"$DY_SCRATCH/errors" || exit 5
+mapfile -d '' -t excluded < "$DY_SCRATCH/excluded"
+g add -A -- . "${excluded[@]}" 2>>"$DY_SCRATCH/errors" || exit 6
+g diff --cached --binary --no-color --no-ext-diff --find-renames "$DY_BASE" \
+    > "$DY_SCRATCH/patch" 2>>"$DY_SCRATCH/errors" || exit 7
+"""
+
+
+class CaptureFailed(Exception):
+    """git could not read the tree (the message carries its error)."""
+
+
+def capture_patch(workspace: Workspace) -> CapturedPatch:
     """The tree's changes against ``base_commit``, read through the executor's own mirror.
 
-    git runs with the mirror as its repository and the session tree as its work tree, so nothing
-    the agent did to the tree's ``.git`` (config with fsmonitor or filters, hooks, a deleted
-    directory) is consulted; new objects go to a scratch directory, never into the mirror.
+    git runs inside the workspace's sandbox with the mirror (read-only) as its repository and the
+    tree as its work tree, so nothing the agent did to the tree's ``.git`` (config with
+    fsmonitor or filters, hooks, a deleted directory) is consulted, and a symlink or FIFO in the
+    tree is read as what it is, never followed on the host; new objects go to a scratch
+    directory, never into the mirror.
     """
-    with tempfile.TemporaryDirectory(prefix="dockyard-capture-") as scratch:
-        os.makedirs(os.path.join(scratch, "objects", "info"))
-        env = {
-            "GIT_DIR": str(mirror),
-            "GIT_WORK_TREE": str(tree),
-            "GIT_INDEX_FILE": os.path.join(scratch, "index"),
-            "GIT_OBJECT_DIRECTORY": os.path.join(scratch, "objects"),
-            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(mirror / "objects"),
-        }
-        options = ["-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
-                   "-c", "core.hooksPath=/dev/null", "-c", "core.bare=false"]
-        git([*options, "read-tree", base_commit], cwd=tree, extra_env=env)
-        excluded = [f":(exclude,literal){name}" for name in artifacts or []]
-        git([*options, "add", "-A", "--", ".", *excluded], cwd=tree, extra_env=env)
-        diff = git(
-            [*options, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
-             "--find-renames", base_commit],
-            cwd=tree,
-            extra_env=env,
-        ).stdout.decode("utf-8", "surrogateescape")
+    excluded = b"".join(
+        f":(exclude,literal){name}".encode("utf-8", "surrogateescape") + b"\0"
+        for name in workspace.artifacts
+    )
+    outcome = run_in_tree(workspace, _CAPTURE, inputs={"excluded": excluded},
+                          outputs=("patch", "errors"), env={"DY_BASE": workspace.base_commit})
+    if outcome.exit_code != 0 or "patch" not in outcome.files:
+        errors = outcome.files.get("errors", b"").decode("utf-8", "replace")
+        raise CaptureFailed(f"capturing the diff failed ({outcome.exit_code}): {errors[-2000:]}")
+    diff = outcome.files["patch"].decode("utf-8", "surrogateescape")
     preamble, sections = split_patch(diff)
-    kept, excluded = drop_test_config(sections)
+    kept, dropped = drop_test_config(sections)
     return CapturedPatch(
-        patch=preamble + "".join(section.text for section in kept), excluded_files=excluded
+        patch=preamble + "".join(section.text for section in kept), excluded_files=dropped
     )

@@ -204,7 +204,7 @@ class SessionManager:
             # path afterwards would follow whatever the session swapped in meanwhile.
             return write_file(
                 session.workspace.path, self._tree_path(session, path), data,
-                owner=self.workspaces.sandbox.run_as, shown=path,
+                owner=self.workspaces.sandbox.owner, shown=path,
             )
 
     @staticmethod
@@ -300,12 +300,7 @@ class SessionManager:
     def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:
         """Capture the diff, close the session, grade the diff in a fresh tree."""
         with self._using(session_id) as session:
-            captured = capture_patch(
-                session.workspace.path,
-                session.workspace.base_commit,
-                session.workspace.mirror,
-                session.workspace.artifacts,
-            )
+            captured = capture_patch(session.workspace)
             with self._guard:
                 self._sessions.pop(session_id, None)
             self._dispose(session)

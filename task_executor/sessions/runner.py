@@ -60,6 +60,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandbox_client.protocol import ExecResult
 from task_executor.sandbox import reaper
@@ -332,6 +333,10 @@ class ShellSession:
             return None, "shell stopped answering (not reaped); restarted"
         if status < 0:
             return None, f"shell killed by signal {-status}; restarted"
+        if 128 < status <= 128 + signal.SIGRTMAX:
+            # Under bubblewrap the shell is a grandchild: its death by a signal comes back as
+            # 128 + the signal (bwrap's own status), as bash reports a killed child.
+            return status, f"shell killed by signal {status - 128} (status {status}); restarted"
         # `exit 3` typed by the agent: its status is the command's, the shell is restarted.
         return status, f"shell exited with status {status}; restarted"
 
@@ -505,7 +510,7 @@ class ShellSession:
         if shell is None or shell.proc.poll() is not None:
             return None
         try:
-            path = os.readlink(f"/proc/{shell.pid}/cwd")
+            path = os.readlink(f"/proc/{_innermost(shell.pid)}/cwd")
         except OSError:
             return None
         return path.removesuffix(" (deleted)")
@@ -569,6 +574,22 @@ def _read_status(fd: int, parser: FrameParser) -> Frame | None:
             parser.finish()
             raise _ShellGone
         frame = parser.feed(chunk)
+
+
+def _innermost(pid: int) -> int:
+    """The bash a launcher started: under bubblewrap it is a grandchild (bwrap, its init in the
+    new PID namespace, then bash), and its cwd reads as code under test sees it (/testbed/...)."""
+    for _ in range(4):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "bwrap":
+                return pid
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[0])
+    return pid
 
 
 def _high_fd(fd: int) -> int:

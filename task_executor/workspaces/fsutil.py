@@ -1,4 +1,5 @@
-"""Filesystem chores shared by workspaces and templates: remove, copy, mount, unmount."""
+"""Filesystem chores shared by workspaces and templates: remove, copy, measure (mounts live in
+``task_executor.sandbox.mounts``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,6 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-
-
-class MountFailed(Exception):
-    """mount(8) refused; the message carries its error."""
 
 
 def remove_tree(path: Path) -> None:
@@ -40,39 +37,6 @@ def copy_tree(source: Path, target: Path, reflink: bool) -> None:
     mode = "--reflink=always" if reflink else "--reflink=auto"
     subprocess.run(["cp", "-a", mode, "--", str(source), str(target)], check=True,
                    stdin=subprocess.DEVNULL, capture_output=True)
-
-
-_volatile_supported = True
-
-
-def mount_overlay(lower: list[Path], upper: Path, work: Path, merged: Path) -> None:
-    """Mount an overlay; ``volatile`` (Linux >= 5.10) where the kernel takes it.
-
-    Workspaces are thrown away, never recovered after a crash, so skipping the syncs that make an
-    upper directory crash-safe costs nothing and keeps unmount from flushing the whole disk.
-    """
-    global _volatile_supported
-    options = f"lowerdir={':'.join(str(p) for p in lower)},upperdir={upper},workdir={work}"
-    attempts = [options + ",volatile", options] if _volatile_supported else [options]
-    error = ""
-    for attempt in attempts:
-        proc = subprocess.run(
-            ["mount", "-t", "overlay", "overlay", "-o", attempt, str(merged)],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-        )
-        if proc.returncode == 0:
-            return
-        error = proc.stderr.strip() or f"mount exited {proc.returncode}"
-        if attempt.endswith(",volatile"):
-            _volatile_supported = False
-    raise MountFailed(error)
-
-
-def unmount(path: Path) -> None:
-    """Unmount ``path``; lazily when something still holds it, so removal can go on."""
-    for argv in (["umount", str(path)], ["umount", "-l", str(path)]):
-        if subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True).returncode == 0:
-            return
 
 
 def disk_usage(path: Path) -> int:

@@ -122,7 +122,8 @@ class TemplateCache:
             # Called even without setup commands: it also hands the tree to the sandbox's uid.
             self.run_setup(template.tree, setup, env)
             if setup:
-                template.artifacts = setup_artifacts(template.tree)
+                template.artifacts = setup_artifacts(template.tree, template.mirror,
+                                                     template.commit)
             template.size_bytes = disk_usage(template.root)
             self.builds += 1
             log.info("template %s built in %.2fs (%d bytes)", template.key,

@@ -26,14 +26,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox_client.protocol import SandboxReport
 from task_executor.errors import ExecutorError
+from task_executor.sandbox.capabilities import Capabilities
+from task_executor.sandbox.cgroups import Group, Groups
 from task_executor.sandbox.command import run_command
-from task_executor.sandbox.isolation import Capabilities, Sandbox
+from task_executor.sandbox.isolation import Bind, Sandbox
+from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
 
 from .artifacts import setup_artifacts
-from .fsutil import copy_tree, mount_overlay, remove_tree, unmount
+from .fsutil import copy_tree, remove_tree
 from .gitcmd import git
 from .mirrors import MirrorCache
+from .report import sandbox_report
+from .runtime import RuntimeLayers
 from .templates import Template, TemplateCache
 
 log = logging.getLogger(__name__)
@@ -77,12 +83,21 @@ class Workspace:
     """Paths setup created or changed: environment, never part of a captured patch."""
     setup_s: float = 0.0
     """Seconds this workspace's own setup took (0 when a prepared template carried it)."""
+    group: Group | None = None
+    """The workspace's cgroups (process and memory limits), where the kernel gives them."""
+    runtime_binds: tuple[Bind, ...] = ()
+    """Its copy-on-write views of the runtime directories."""
     destroyed: bool = False
+
+    @property
+    def rw(self) -> Path:
+        """Everything the workspace writes (a size-limited tmpfs where mounts are allowed)."""
+        return self.root / "rw"
 
     @property
     def tmp(self) -> Path:
         """Private temporary directory (seen as /tmp by code under test in namespace modes)."""
-        return self.root / "tmp"
+        return self.rw / "tmp"
 
     @property
     def visible_tmp(self) -> str:
@@ -92,8 +107,11 @@ class Workspace:
         """The environment of code under test in this workspace."""
         return self.factory.env_builder(self.visible_tmp, extra)
 
-    def launcher(self, deny_network: bool) -> list[str]:
-        return self.factory.sandbox.launcher(self.path, self.tmp, deny_network)
+    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> list[str]:
+        return self.factory.sandbox.launcher(
+            self.path, self.tmp, deny_network, group=self.group,
+            binds=(*self.runtime_binds, *binds),
+        )
 
     def destroy(self) -> None:
         self.factory.destroy(self)
@@ -116,6 +134,8 @@ class WorkspaceFactory:
         sandbox: Sandbox,
         env_builder: EnvBuilder,
         setup_timeout: float,
+        groups: Groups | None = None,
+        runtime: RuntimeLayers | None = None,
     ) -> None:
         self.root = root
         self.mirrors = mirrors
@@ -123,8 +143,15 @@ class WorkspaceFactory:
         self.sandbox = sandbox
         self.env_builder = env_builder
         self.setup_timeout = setup_timeout
+        self.groups = groups
+        self.runtime = runtime
         self.root.mkdir(parents=True, exist_ok=True)
+        # The sandbox uid resolves bind sources itself: it may pass through, never list.
+        self.root.chmod(0o711)
         self._lock = threading.Lock()
+        self.quota_mounts = sandbox.active and self.capabilities.tmpfs_quota
+        """Each workspace writes into a tmpfs of its own (its disk quota); a tree that is not an
+        overlay (copy and git-clone modes) lives in it too."""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -136,6 +163,14 @@ class WorkspaceFactory:
         if caps.mount_namespace and self.sandbox.fixed_path and self.templates is not None:
             return "overlay" if caps.overlay else "copy"
         return "git-clone"
+
+    def sandbox_report(self) -> SandboxReport:
+        """What contains code under test here, as ``/health`` reports it."""
+        return sandbox_report(
+            self.capabilities, self.sandbox.limits,
+            self.groups.controllers if self.groups is not None else frozenset(),
+            self.runtime.directories if self.runtime is not None else [], self.mode,
+        )
 
     # ------------------------------------------------------------------ create / destroy
 
@@ -153,18 +188,22 @@ class WorkspaceFactory:
         """
         setup, env = list(setup or []), dict(env or {})
         holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
-        (holder / "tmp" / "home").mkdir(parents=True)
-        self.hand_over(holder / "tmp", recursive=True)
+        holder.mkdir(mode=0o711)
         template = None
+        group = None
         try:
+            self._make_rw(holder / "rw")
+            if self.groups is not None:
+                group = self.groups.create(holder.name)
             if self.mode == "git-clone":
-                workspace = self._create_clone(holder, repo, base_commit, setup, env, snapshot)
+                workspace = self._create_clone(holder, repo, base_commit, setup, env, snapshot,
+                                               group)
             else:
                 assert self.templates is not None
                 template = self.templates.acquire(repo, base_commit, setup, env)
-                workspace = self._from_template(holder, template, setup, env, snapshot)
+                workspace = self._from_template(holder, template, setup, env, snapshot, group)
         except BaseException:
-            remove_tree(holder)
+            self._release_holder(holder, group)
             if template is not None and self.templates is not None:
                 self.templates.release(template)
             raise
@@ -179,12 +218,15 @@ class WorkspaceFactory:
         setup: list[str],
         env: dict[str, str],
         snapshot: Snapshot | None,
+        group: Group | None,
     ) -> Workspace:
+        in_tmpfs = self.mode != "overlay" and self.quota_mounts
+        path = holder / "rw" / "tree" if in_tmpfs else holder / "merged"
         workspace = Workspace(
-            path=holder / "merged", root=holder, base_commit=template.commit,
-            mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(holder / "merged"),
+            path=path, root=holder, base_commit=template.commit,
+            mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(path),
             setup=setup, env=env, factory=self, template=template,
-            artifacts=list(template.artifacts),
+            artifacts=list(template.artifacts), group=group,
         )
         if self.mode == "overlay":
             if snapshot is not None:
@@ -195,20 +237,58 @@ class WorkspaceFactory:
         else:
             source = snapshot.path if snapshot is not None else template.tree
             copy_tree(source, workspace.path, self.capabilities.reflink)
+        self._mount_runtime(workspace)
         return workspace
+
+    def _make_rw(self, rw: Path) -> None:
+        """The workspace's writable space: its overlay upper, /tmp, home and runtime layers, in
+        one tmpfs of the disk quota's size where mounts are allowed (ENOSPC past it)."""
+        rw.mkdir(mode=0o711)
+        quota = self.sandbox.limits.disk_bytes
+        if self.quota_mounts:
+            # No quota configured: the tmpfs default (half of the RAM) is the ceiling.
+            mount_tmpfs(rw, quota, mode=0o711)
+        (rw / "tmp" / "home").mkdir(parents=True)
+        (rw / "tmp").chmod(0o1777)
+        self.hand_over(rw / "tmp", recursive=True)
 
     def _mount(self, workspace: Workspace) -> None:
         assert workspace.template is not None
-        for part in ("upper", "work", "merged"):
-            (workspace.root / part).mkdir(exist_ok=True)
+        for part in ("upper", "work"):
+            (workspace.rw / part).mkdir(exist_ok=True)
+        workspace.path.mkdir(exist_ok=True)
         # The merged tree's root takes its owner from the upper directory's root.
-        self.hand_over(workspace.root / "upper")
+        self.hand_over(workspace.rw / "upper")
         mount_overlay(
             [*workspace.layers, workspace.template.tree],
-            workspace.root / "upper",
-            workspace.root / "work",
+            workspace.rw / "upper",
+            workspace.rw / "work",
             workspace.path,
         )
+
+    def _mount_runtime(self, workspace: Workspace) -> None:
+        if self.runtime is None:
+            return
+        below = workspace.template.root if workspace.template is not None else None
+        workspace.runtime_binds = self.runtime.mount(workspace.root, workspace.rw, below)
+
+    def _unmount_all(self, workspace: Workspace) -> None:
+        if self.runtime is not None:
+            self.runtime.unmount(workspace.root)
+        workspace.runtime_binds = ()
+        if self.mode == "overlay":
+            unmount(workspace.path)
+
+    def _release_holder(self, holder: Path, group: Group | None) -> None:
+        """Kill what runs in the workspace, unmount everything in it, remove it."""
+        if group is not None:
+            group.remove()
+        if self.runtime is not None:
+            self.runtime.unmount(holder)
+        for mounted in (holder / "merged", holder / "rw"):
+            if os.path.ismount(mounted):
+                unmount(mounted)
+        remove_tree(holder)
 
     def _create_clone(
         self,
@@ -218,41 +298,43 @@ class WorkspaceFactory:
         setup: list[str],
         env: dict[str, str],
         snapshot: Snapshot | None,
+        group: Group | None,
     ) -> Workspace:
         mirror, sha = self.mirrors.resolve(repo, base_commit)
-        path = holder / "repo"
+        path = holder / "rw" / "repo" if self.quota_mounts else holder / "repo"
         if snapshot is not None:
             copy_tree(snapshot.path, path, self.capabilities.reflink)
             self.hand_over(path, recursive=True)
         else:
             self._checkout(mirror, sha, path)
         workspace = Workspace(
-            path=path, root=holder, base_commit=sha, mirror=mirror, visible_path=str(path),
-            setup=setup, env=env, factory=self,
+            path=path, root=holder, base_commit=sha, mirror=mirror,
+            visible_path=self.sandbox.fixed_path if self.sandbox.active and self.sandbox.fixed_path
+            else str(path),
+            setup=setup, env=env, factory=self, group=group,
         )
+        self._mount_runtime(workspace)
         if snapshot is None:  # a snapshot was taken after setup
             started = time.monotonic()
             self.run_setup(workspace.path, setup, workspace.sandbox_env(env),
                            launcher=workspace.launcher(False))
             workspace.setup_s = time.monotonic() - started
             if setup:
-                workspace.artifacts = setup_artifacts(workspace.path)
+                workspace.artifacts = setup_artifacts(workspace.path, mirror, sha)
         return workspace
 
     def _checkout(self, mirror: Path, sha: str, path: Path) -> None:
         """A fresh tree at ``sha`` sharing the mirror's objects, owned by the sandbox's uid."""
         git(["clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(path)])
         git(["checkout", "--quiet", "--detach", sha], cwd=path)
-        self.hand_over(path, recursive=True)
+        self.hand_over_tree(path)
 
     def destroy(self, workspace: Workspace) -> None:
         with self._lock:
             if workspace.destroyed:
                 return
             workspace.destroyed = True
-        if self.mode == "overlay":
-            unmount(workspace.path)
-        remove_tree(workspace.root)
+        self._release_holder(workspace.root, workspace.group)
         self.mirrors.unpin(workspace.mirror)
         if workspace.template is not None and self.templates is not None:
             self.templates.release(workspace.template)
@@ -261,21 +343,28 @@ class WorkspaceFactory:
 
     def reset(self, workspace: Workspace) -> None:
         """Back to the base state; in overlay mode this costs what the task changed."""
+        if workspace.group is not None:
+            workspace.group.kill_all()
+        self._unmount_all(workspace)
+        for layer in workspace.layers:
+            remove_tree(layer)
+        workspace.layers = []
+        for entry in list(workspace.rw.iterdir()):
+            remove_tree(entry)
+        (workspace.tmp / "home").mkdir(parents=True)
+        workspace.tmp.chmod(0o1777)
+        self.hand_over(workspace.tmp, recursive=True)
         if self.mode == "overlay":
-            unmount(workspace.path)
-            for part in ("upper", "work", "merged"):
-                remove_tree(workspace.root / part)
-            for layer in workspace.layers:
-                remove_tree(layer)
-            workspace.layers = []
             self._mount(workspace)
-            return
-        remove_tree(workspace.path)
-        if self.mode == "copy":
-            assert workspace.template is not None
-            copy_tree(workspace.template.tree, workspace.path, self.capabilities.reflink)
         else:
-            self._checkout(workspace.mirror, workspace.base_commit, workspace.path)
+            remove_tree(workspace.path)
+            if self.mode == "copy":
+                assert workspace.template is not None
+                copy_tree(workspace.template.tree, workspace.path, self.capabilities.reflink)
+            else:
+                self._checkout(workspace.mirror, workspace.base_commit, workspace.path)
+        self._mount_runtime(workspace)
+        if self.mode == "git-clone":
             self.run_setup(workspace.path, workspace.setup, workspace.sandbox_env(workspace.env),
                            launcher=workspace.launcher(False))
 
@@ -287,9 +376,9 @@ class WorkspaceFactory:
             # merged into one: copy the earlier layer, then the upper on top of it.
             if workspace.layers:
                 copy_tree(workspace.layers[0], target, self.capabilities.reflink)
-                _overlay_copy(workspace.root / "upper", target)
+                _overlay_copy(workspace.rw / "upper", target)
             else:
-                copy_tree(workspace.root / "upper", target, self.capabilities.reflink)
+                copy_tree(workspace.rw / "upper", target, self.capabilities.reflink)
             return Snapshot(path=target, size_bytes=_size(target))
         copy_tree(workspace.path, target, self.capabilities.reflink)
         return Snapshot(path=target, size_bytes=_size(target))
@@ -310,19 +399,41 @@ class WorkspaceFactory:
                 raise SetupFailed(f"setup command {why}: {command}\n{outcome.output[-2000:]}")
 
     def hand_over(self, path: Path, recursive: bool = False) -> None:
-        """Give ``path`` to the unprivileged uid code under test runs as (when configured)."""
-        if self.sandbox.run_as is None or not path.exists():
+        """Give ``path`` to the uid that root inside the sandbox is (or to ``run_as``)."""
+        owner = self.sandbox.owner
+        if owner is None or not path.exists():
             return
-        uid, gid = self.sandbox.run_as
+        uid, gid = owner
         if recursive:
-            subprocess.run(["chown", "-R", f"{uid}:{gid}", "--", str(path)], check=True,
+            subprocess.run(["chown", "-R", "-h", f"{uid}:{gid}", "--", str(path)], check=True,
                            stdin=subprocess.DEVNULL, capture_output=True)
         else:
             os.lchown(path, uid, gid)
 
+    def hand_over_tree(self, tree: Path) -> None:
+        """Give a checked-out tree to the sandbox uid, except git's object files: a local clone
+        hard-links them with the mirror's, and the mirror (shared by every template of the
+        repository) must stay root's. New objects still go into directories the uid owns."""
+        owner = self.sandbox.owner
+        if owner is None:
+            return
+        uid, gid = owner
+        objects = tree / ".git" / "objects"
+        subprocess.run(
+            ["find", str(tree), "-path", str(objects), "-prune", "-o",
+             "-exec", "chown", "-h", f"{uid}:{gid}", "--", "{}", "+"],
+            check=True, stdin=subprocess.DEVNULL, capture_output=True,
+        )
+        if objects.is_dir():
+            subprocess.run(
+                ["find", str(objects), "-type", "d", "-exec", "chown", f"{uid}:{gid}", "--",
+                 "{}", "+"],
+                check=True, stdin=subprocess.DEVNULL, capture_output=True,
+            )
+
     def hand_over_paths(self, workspace: Workspace, relative_paths: Iterable[str]) -> None:
         """Give files the executor wrote (patches, uploads) and their new parents to the uid."""
-        if self.sandbox.run_as is None:
+        if self.sandbox.owner is None:
             return
         for relative in relative_paths:
             target = workspace.path / relative
@@ -332,14 +443,41 @@ class WorkspaceFactory:
                 target = target.parent
 
     def template_setup(self, tree: Path, setup: list[str], env: dict[str, str]) -> None:
-        """Setup of a template, run with the template at the fixed path (see templates.py)."""
-        tmp = tree.parent / "tmp"
+        """Setup of a template, run with the template at the fixed path (see templates.py).
+
+        What setup writes into the runtime directories (a ``pip install`` into the image's
+        interpreter) is kept as the template's own layer, below every workspace's.
+        """
+        root = tree.parent
+        root.chmod(0o711)
+        tmp = root / "tmp"
         (tmp / "home").mkdir(parents=True, exist_ok=True)
-        self.hand_over(tree, recursive=True)
+        tmp.chmod(0o1777)
+        self.hand_over_tree(tree)
         self.hand_over(tmp, recursive=True)
-        launcher = self.sandbox.launcher(tree, tmp, deny_network=False)
-        full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
-        self.run_setup(tree, setup, full_env, launcher=launcher)
+        group = self.groups.create(f"template-{root.name}") if self.groups is not None else None
+        mount_holder = self.root / f"template-{root.name}"
+        binds: tuple[Bind, ...] = ()
+        try:
+            if self.runtime is not None and setup:
+                # Mount points with the workspaces' (where transient mounts live); the upper
+                # layers in the template, where they stay.
+                mount_holder.mkdir(mode=0o711, exist_ok=True)
+                binds = self.runtime.mount(mount_holder, root)
+            launcher = self.sandbox.launcher(tree, tmp, deny_network=False, group=group,
+                                             binds=binds)
+            full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
+            self.run_setup(tree, setup, full_env, launcher=launcher)
+        finally:
+            if group is not None:
+                group.remove()
+            if self.runtime is not None and binds:
+                self.runtime.unmount(mount_holder)
+                remove_tree(mount_holder)
+                # The layers stay; their overlay work directories are not needed any more.
+                for work in (root / "runtime").glob("*/work"):
+                    remove_tree(work)
+            remove_tree(tmp)
 
 
 def _overlay_copy(upper: Path, target: Path) -> None:

@@ -19,11 +19,11 @@ from task_executor.demo import BASE_FILES, TEST_FILES, DemoTask, diff_of
 from .conftest import RawServer, demo_instance
 
 FLAKY_TEST = (
-    "import os\nimport pathlib\n\n\n"
+    "import os\nimport socket\n\n\n"
     "def test_flaky():\n"
-    "    state = pathlib.Path(os.environ['FLAKY_STATE'])\n"
-    "    runs = int(state.read_text()) if state.exists() else 0\n"
-    "    state.write_text(str(runs + 1))\n"
+    "    # fails every other run: a counter on the host answers how many runs came before\n"
+    "    port = int(os.environ['FLAKY_PORT'])\n"
+    "    runs = int(socket.create_connection(('127.0.0.1', port)).recv(16))\n"
     "    assert runs % 2 == 0\n"
 )
 
@@ -170,11 +170,13 @@ def test_grade_input_errors_exit_2(
 
 def test_preflight_flags_vacuous_flaky_and_errors(
     demo_task: DemoTask,
-    executor: Any,
+    executor_factory: Any,
     tmp_path: Path,
-    shared_dir: Path,
+    connection_counter: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    executor = executor_factory(deny_network=False)  # the flaky test reaches a host counter
+    counter = connection_counter
     repo = Path(demo_task.repo)
     flaky_patch = diff_of(repo, {**TEST_FILES, "tests/test_flaky.py": FLAKY_TEST})
     instances = [
@@ -189,7 +191,7 @@ def test_preflight_flags_vacuous_flaky_and_errors(
             "flaky",
             test_patch=flaky_patch,
             PASS_TO_PASS=json.dumps([*demo_task.pass_to_pass, "tests/test_flaky.py::test_flaky"]),
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FLAKY_STATE": str(shared_dir / "state")},
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "FLAKY_PORT": str(counter.port)},
         ),
         # Refused by the executor: no verdict, which is not evidence against the instance.
         demo_instance(demo_task, "no-repo", repo=str(tmp_path / "missing-repo")),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.conftest import FAST_PYTEST_ENV
 from tests.executor.test_grading_integrity import CHEAT_CONFTEST
-from tests.processes import alive
+from tests.processes import PROBE_VARIABLE, ProcessWatch, wait_until
 
 
 def _start(executor, demo_task, **extra) -> str:
@@ -157,14 +158,15 @@ def test_reset_restores_the_base_tree_and_a_fresh_shell(executor, demo_task):
     assert _exec(executor, sid, "pgrep -f 'sleep 987.654' || echo none")["output"] == "none\n"
 
 
-def test_delete_kills_every_process_and_removes_the_tree(executor, demo_task, shared_dir):
-    sid = _start(executor, demo_task)
-    _exec(executor, sid, f"(trap '' TERM; echo $BASHPID > {shared_dir}/a.pid; sleep 1000) & "
-                         f"setsid bash -c 'echo $$ > {shared_dir}/b.pid; sleep 1000' & sleep 0.3")
-    pids = [int((shared_dir / name).read_text()) for name in ("a.pid", "b.pid")]
-    assert all(alive(pid) for pid in pids)
-    assert executor.delete(f"/session/{sid}").status_code == 200
-    assert not [pid for pid in pids if alive(pid)]
+def test_delete_kills_every_process_and_removes_the_tree(executor, demo_task):
+    token = uuid.uuid4().hex
+    sid = _start(executor, demo_task, env={**FAST_PYTEST_ENV, PROBE_VARIABLE: token})
+    with ProcessWatch(token) as watch:
+        _exec(executor, sid, "(trap '' TERM; sleep 1000) & setsid bash -c 'sleep 1000' & "
+                             "sleep 0.3")
+        wait_until(lambda: len(watch.alive()) >= 3)  # the shell and its two sleepers
+        assert executor.delete(f"/session/{sid}").status_code == 200
+        assert watch.alive() == []
     assert executor.delete(f"/session/{sid}").status_code == 404
     assert executor.work_dirs() == []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import requests
 
 from task_executor.demo import diff_of, init_repo
-from tests.processes import alive
+from tests.processes import PROBE_VARIABLE, ProcessWatch
 
 
 def _pids(pid_dir: Path) -> list[int]:
@@ -32,54 +33,52 @@ def _task_with_test(tmp_path: Path, test_body: str, name: str = "t") -> dict:
     }
 
 
-def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path, shared_dir):
-    pid_dir = shared_dir
+def test_hanging_test_times_out_and_leaves_no_process(executor, tmp_path):
+    token = uuid.uuid4().hex
     body = _task_with_test(
         tmp_path,
         (
             "import os, signal, subprocess, time\n"
             "def test_it():\n"
-            f"    open('{pid_dir}/test.pid', 'w').write(str(os.getpid()))\n"
             "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            f"    subprocess.Popen(['bash', '-c', 'trap \"\" TERM; echo $$ > {pid_dir}/child.pid; "
-            "sleep 1000'])\n"
+            "    subprocess.Popen(['bash', '-c', 'trap \"\" TERM; sleep 1000'])\n"
             "    time.sleep(1000)\n"
         ),
     )
+    body["env"] = {**body.get("env", {}), PROBE_VARIABLE: token}
     started = time.monotonic()
-    result = executor.submit({**body, "timeout": 4}).json()
+    with ProcessWatch(token) as watch:
+        result = executor.submit({**body, "timeout": 4}).json()
     assert time.monotonic() - started < 30
     assert result["status"] == "timeout"
     assert result["resolved"] is False
     assert result["error_code"] == "test_timeout"
-    pids = _pids(pid_dir)
-    assert len(pids) == 2
-    assert not [pid for pid in pids if alive(pid)]
+    # pytest, the bash it started and that bash's sleep were all seen, and none is left
+    assert len(watch.seen) >= 3
+    assert watch.alive() == []
     assert executor.work_dirs() == []
 
 
-def test_background_children_are_gone_after_the_task(executor, tmp_path, shared_dir):
-    pid_dir = shared_dir
+def test_background_children_are_gone_after_the_task(executor, tmp_path):
+    token = uuid.uuid4().hex
     body = _task_with_test(
         tmp_path,
         (
             "import subprocess\n"
             "def test_it():\n"
-            f"    subprocess.Popen(['bash', '-c', 'echo $$ > {pid_dir}/plain.pid; sleep 1000'])\n"
-            # setsid leaves the process group; only the marker scan finds it.
-            f"    subprocess.Popen(['setsid', 'bash', '-c', 'echo $$ > {pid_dir}/setsid.pid; "
-            "sleep 1000'], start_new_session=True)\n"
+            "    subprocess.Popen(['bash', '-c', 'sleep 1000'])\n"
+            # setsid leaves the process group and session: only the PID namespace holds it.
+            "    subprocess.Popen(['setsid', 'bash', '-c', 'sleep 1000'], "
+            "start_new_session=True)\n"
             "    import time; time.sleep(0.3)\n"
         ),
     )
-    result = executor.submit(body).json()
-    assert result["status"] == "resolved", result["log"]
-    pids = _pids(pid_dir)
-    assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in pids if alive(pid)]
+    body["env"] = {**body.get("env", {}), PROBE_VARIABLE: token}
+    with ProcessWatch(token) as watch:
+        result = executor.submit(body).json()
+    assert result["status"] == "resolved", result
+    assert len(watch.seen) >= 3
+    assert watch.alive() == []
 
 
 def test_unittest_and_django_style_results(executor, tmp_path):
@@ -286,9 +285,9 @@ def test_openapi_document_describes_the_protocol(executor):
 def test_health_reports_mode_and_version(executor):
     health = executor.get("/health").json()
     assert health["status"] == "ok"
-    from task_executor.sandbox.isolation import detect
+    from task_executor.sandbox.capabilities import detect
 
-    caps = detect(executor.settings.base_dir)
+    caps = detect(executor.settings.base_dir, executor.settings.sandbox_uid)
     expected = ("overlay" if caps.overlay else "copy") if caps.mount_namespace else "git-clone"
     assert health["capabilities"]["workspace_mode"] == expected
     assert health["capabilities"]["egress_guard"] == caps.network_namespace

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.sandbox.isolation import detect
+from task_executor.sandbox.capabilities import detect
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
 from tests.conftest import FAST_PYTEST_ENV
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
-CAPS = detect(Path("/var/tmp"))
+CAPS = detect(Path("/var/tmp"), 64000)
 needs_overlay = pytest.mark.skipif(
     not (CAPS.overlay and CAPS.mount_namespace), reason="overlay or mount namespaces unavailable"
 )
@@ -146,7 +146,7 @@ def test_egress_is_denied_and_loopback_works(executor, tmp_path):
 
 
 def test_egress_denial_fails_closed_without_the_guard(executor_factory, demo_task):
-    fallback = executor_factory(workspace_mode="git-clone")
+    fallback = executor_factory(workspace_mode="git-clone", sandbox_mode="none")
     assert fallback.get("/health").json()["capabilities"]["egress_guard"] is False
     refused = fallback.submit({**demo_task.request("deny", ""), "deny_network": True})
     assert refused.status_code == 400
@@ -159,16 +159,19 @@ def test_egress_denial_fails_closed_without_the_guard(executor_factory, demo_tas
 def test_fallback_mode_gives_the_same_verdicts(executor_factory, demo_task):
     from tests.executor.test_grading_integrity import CHEAT_CONFTEST, _cheat_patch
 
-    fast, fallback = executor_factory(), executor_factory(workspace_mode="git-clone")
-    assert fallback.get("/health").json()["capabilities"]["workspace_mode"] == "git-clone"
+    fast = executor_factory()
+    clone = executor_factory(workspace_mode="git-clone")  # sandboxed, a clone per workspace
+    bare = executor_factory(workspace_mode="git-clone", sandbox_mode="none")  # a default pod
+    assert clone.get("/health").json()["capabilities"]["workspace_mode"] == "git-clone"
+    assert bare.get("/health").json()["capabilities"]["sandbox"]["tool"] == "none"
     cheat = _cheat_patch(demo_task, {"conftest.py": CHEAT_CONFTEST})
     bad = demo_task.gold_patch.replace("-    return a - b", "-    return a ** b")
     for name, patch in [("gold", demo_task.gold_patch), ("empty", ""), ("cheat", cheat),
                         ("bad", bad)]:
         body = demo_task.request(name, patch)
-        verdicts = [executor.submit(body).json() for executor in (fast, fallback)]
-        assert verdicts[0]["status"] == verdicts[1]["status"], name
-        assert verdicts[0]["tests"] == verdicts[1]["tests"], name
+        verdicts = [executor.submit(body).json() for executor in (fast, clone, bare)]
+        assert verdicts[0]["status"] == verdicts[1]["status"] == verdicts[2]["status"], name
+        assert verdicts[0]["tests"] == verdicts[1]["tests"] == verdicts[2]["tests"], name
 
 
 @pytest.mark.parametrize("under_tmp", [True, False], ids=["base-in-tmp", "base-in-var-tmp"])

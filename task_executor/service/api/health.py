@@ -39,7 +39,8 @@ def health() -> dict:
             namespaces=caps.mount_namespace,
             egress_guard=caps.network_namespace,
             fixed_path=services.workspaces.sandbox.fixed_path,
-            private_tmp=caps.mount_namespace and services.workspaces.sandbox.private_tmp,
+            private_tmp=caps.sandbox,
+            sandbox=services.workspaces.sandbox_report(),
             deny_network_default=services.grader.default_denies_network(),
         ),
         load={

@@ -1,0 +1,188 @@
+"""A cgroup per workspace: process and memory limits that bind root inside the sandbox.
+
+``ulimit -u`` counts processes per uid, and every sandbox runs as one uid outside, so it can
+neither bind one workspace nor spare the others; a pids cgroup counts exactly the workspace's
+processes, whoever they claim to be. The memory controller caps what the workspace's processes
+(and the tmpfs pages they write: the workspace's disk quota lives in memory) may use. A process
+enters its group before it becomes the sandbox uid (see ``enter_argv``), and nothing inside can
+leave: the hierarchy is read-only in the sandbox and owned by the host's root.
+
+cgroup v1 (one hierarchy per controller, as on this machine) and v2 (one unified hierarchy whose
+root delegates ``pids`` and ``memory``) are both handled; where neither can be written (a default
+Kubernetes pod), ``available()`` is empty and the limits fall back to rlimits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+_LIMIT_FILES = {
+    ("v1", "pids"): "pids.max", ("v1", "memory"): "memory.limit_in_bytes",
+    ("v2", "pids"): "pids.max", ("v2", "memory"): "memory.max",
+}
+
+
+def _hierarchy(controller: str) -> tuple[str, Path] | None:
+    """(version, directory under which this executor may make groups) for ``controller``."""
+    v1 = ROOT / controller
+    if (v1 / "cgroup.procs").exists():
+        return "v1", v1
+    unified = ROOT / "cgroup.controllers"
+    if unified.exists() and controller in unified.read_text().split():
+        return "v2", ROOT
+    return None
+
+
+def _probe(version: str, parent: Path, controller: str) -> bool:
+    probe = parent / f"dockyard-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    try:
+        if version == "v2":
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+        return (probe / _LIMIT_FILES[(version, controller)]).exists()
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+def available() -> frozenset[str]:
+    """The controllers (of ``pids``, ``memory``) a group can be made and limited in."""
+    found = set()
+    for controller in ("pids", "memory"):
+        where = _hierarchy(controller)
+        if where is not None and _probe(*where, controller):
+            found.add(controller)
+    return frozenset(found)
+
+
+@dataclass
+class Group:
+    """One workspace's groups, one directory per controller (one in all under v2)."""
+
+    directories: dict[str, Path]
+
+    @property
+    def procs_files(self) -> list[str]:
+        return sorted({str(d / "cgroup.procs") for d in self.directories.values()})
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for name in self.procs_files:
+            with contextlib.suppress(OSError):
+                found.update(int(line) for line in Path(name).read_text().split())
+        return found
+
+    def current(self, controller: str) -> int | None:
+        directory = self.directories.get(controller)
+        name = {"pids": "pids.current", "memory": "memory.usage_in_bytes"}[controller]
+        if directory is not None and not (directory / name).exists():
+            name = "memory.current"
+        try:
+            return int((directory / name).read_text()) if directory is not None else None
+        except (OSError, ValueError):
+            return None
+
+    def kill_all(self, timeout: float = 5.0) -> int:
+        """SIGKILL every process in the group until it is empty; how many were signalled."""
+        killed = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+            time.sleep(0.01)
+        return killed
+
+    def remove(self) -> None:
+        """Kill what is left and remove the directories (a group with members cannot go)."""
+        self.kill_all()
+        for directory in set(self.directories.values()):
+            for _ in range(100):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        break
+                    time.sleep(0.01)
+
+
+class Groups:
+    """Makes per-workspace groups under ``dockyard-<executor id>`` in each hierarchy."""
+
+    def __init__(self, controllers: frozenset[str], executor_id: str,
+                 pids_max: int | None, memory_bytes: int | None) -> None:
+        self.limits = {"pids": pids_max, "memory": memory_bytes}
+        self.parents: dict[str, tuple[str, Path]] = {}
+        for controller in controllers:
+            where = _hierarchy(controller)
+            if where is not None and self.limits[controller] is not None:
+                version, root = where
+                parent = root / f"dockyard-{executor_id}"
+                parent.mkdir(exist_ok=True)
+                if version == "v2":
+                    with contextlib.suppress(OSError):
+                        (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+                self.parents[controller] = (version, parent)
+
+    @property
+    def controllers(self) -> frozenset[str]:
+        return frozenset(self.parents)
+
+    def create(self, name: str) -> Group | None:
+        if not self.parents:
+            return None
+        directories: dict[str, Path] = {}
+        for controller, (version, parent) in self.parents.items():
+            directory = parent / name
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / _LIMIT_FILES[(version, controller)]).write_text(
+                str(self.limits[controller])
+            )
+            directories[controller] = directory
+        return Group(directories)
+
+    def remove_all(self) -> None:
+        """Remove every group this executor (or a crashed predecessor) left, then the parents."""
+        for _, parent in self.parents.values():
+            if not parent.is_dir():
+                continue
+            for child in parent.iterdir():
+                if child.is_dir():
+                    Group({"any": child}).remove()
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+# The first thing a sandboxed command runs: its own pid into each group, then the sandbox.
+# A failure to join aborts (125): a command must never run outside its limits.
+_ENTER = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+    'exec "$@"'
+)
+
+
+def enter_argv(group: Group | None) -> list[str]:
+    """argv prefix that joins ``group`` and then execs the rest."""
+    if group is None:
+        return []
+    files = group.procs_files
+    return ["sh", "-c", _ENTER, "dockyard-cgroup", str(len(files)), *files]

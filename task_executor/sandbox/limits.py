@@ -1,0 +1,41 @@
+"""Resource limits of code under test, and how each is enforced in the active mode.
+
+    processes  a pids cgroup per workspace; else RLIMIT_NPROC, which counts per uid (every
+               sandbox runs as one uid outside, so then the limit is shared by all of them)
+    memory     a memory cgroup per workspace (tmpfs pages the workspace writes count too)
+    disk       a size-limited tmpfs holding everything the workspace writes (its overlay upper,
+               its /tmp and home, its copy-on-write runtime layers): ENOSPC past it, root or not
+    file size  RLIMIT_FSIZE, inherited by every process
+    /dev/shm   a private tmpfs of its own size per sandbox
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from dataclasses import dataclass
+
+
+@functools.cache
+def _have_prlimit() -> bool:
+    """Looked up once: every grading and session start builds a launcher."""
+    return shutil.which("prlimit") is not None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits per workspace (None leaves one off)."""
+
+    pids: int | None = 4096
+    memory_bytes: int | None = 8 * 1024**3
+    disk_bytes: int | None = 4 * 1024**3
+    fsize_bytes: int | None = 8 * 1024**3
+    shm_bytes: int = 64 * 1024**2
+
+    def prlimit_argv(self, nproc: bool) -> list[str]:
+        """argv prefix setting the rlimits (RLIMIT_NPROC only when no pids cgroup binds)."""
+        if not _have_prlimit():
+            return []
+        pairs = [("--nproc", self.pids if nproc else None), ("--fsize", self.fsize_bytes)]
+        options = [f"{flag}={value}" for flag, value in pairs if value is not None]
+        return ["prlimit", *options, "--"] if options else []

@@ -1,0 +1,131 @@
+"""git and GNU patch on a workspace's tree, run inside the workspace's sandbox, never on the host.
+
+A tree belongs to code under test: any file in it may be a symlink to a host file, a FIFO, or a
+``.git/config`` naming an fsmonitor command. Run on the host as the executor, ``git apply``,
+``git checkout`` or ``patch`` would follow, block or execute them with the executor's privileges.
+Run here they act with the workspace's own credentials on the workspace's own view (the host
+read-only, nothing of the executor visible), so the worst a planted file does is fail the step.
+
+Git reads only what the executor controls: the repository is the executor's mirror (bound
+read-only at ``REPO_MOUNT``), the index and new objects go to a private scratch directory (bound
+for this one run, not shared with the session's shell), hooks are off and no user or system
+config is read. What the step prints is collected in files there, read back through the confined
+file API.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from task_executor.sandbox.command import run_command
+from task_executor.sandbox.confined import ConfinedTree
+from task_executor.sandbox.isolation import REPO_MOUNT, Bind
+
+from .fsutil import remove_tree
+from .gitcmd import git_env
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
+
+SCRATCH_MOUNT = "/run/dockyard/scratch"
+
+# Shared by every script: git on the mirror with the tree as work tree, nothing else consulted.
+_PRELUDE = r"""
+set -u
+export GIT_DIR="$DY_REPO" GIT_WORK_TREE="$DY_TREE" GIT_INDEX_FILE="$DY_SCRATCH/index"
+export GIT_OBJECT_DIRECTORY="$DY_SCRATCH/objects"
+export GIT_ALTERNATE_OBJECT_DIRECTORIES="$DY_REPO/objects"
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/dev/null
+mkdir -p "$DY_SCRATCH/objects/info"
+g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.autocrlf=false \
+          -c core.bare=false -c safe.directory='*' "$@"; }
+cd "$DY_TREE" || exit 3
+"""
+
+# Apply one patch file: git, then git ignoring whitespace, then GNU patch with fuzz (as
+# SWE-bench's harness does). Each attempt is checked first, so a failed one leaves no half.
+APPLY_FUNCTION = r"""
+apply_patch() {
+    for opts in "" "--ignore-whitespace --recount"; do
+        if g apply --whitespace=nowarn $opts --check "$1" 2>>"$DY_SCRATCH/errors"; then
+            g apply --whitespace=nowarn $opts "$1" 2>>"$DY_SCRATCH/errors" && return 0
+        fi
+    done
+    if command -v patch >/dev/null; then
+        set -- "$1" --batch --fuzz=5 -p1 --forward --no-backup-if-mismatch
+        if patch "${@:2}" --dry-run -i "$1" >>"$DY_SCRATCH/errors" 2>&1; then
+            patch "${@:2}" -i "$1" >>"$DY_SCRATCH/errors" 2>&1 && return 0
+        fi
+    fi
+    return 1
+}
+"""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    exit_code: int | None
+    files: dict[str, bytes]
+    """The scratch files the step was asked to hand back (missing ones are absent)."""
+    output: str
+
+
+def run_in_tree(
+    workspace: Workspace,
+    script: str,
+    *,
+    inputs: dict[str, bytes] | None = None,
+    outputs: tuple[str, ...] = ("errors",),
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+    max_output_bytes: int = 256 * 1024 * 1024,
+) -> StepOutcome:
+    """Run ``script`` (bash, after the git prelude) on the workspace's tree in its sandbox.
+
+    ``inputs`` are written to the scratch directory first (patches, path lists); ``outputs`` are
+    read back from it afterwards.
+    """
+    factory = workspace.factory
+    # In the workspace's own tmpfs, apart from its /tmp (which the session's shell shares).
+    scratch = workspace.rw / f"scratch-{uuid.uuid4().hex[:12]}"
+    scratch.mkdir(mode=0o700)
+    try:
+        for name, data in (inputs or {}).items():
+            (scratch / name).write_bytes(data)
+        factory.hand_over(scratch, recursive=True)
+        if factory.sandbox.active:
+            paths = {"DY_REPO": REPO_MOUNT, "DY_TREE": workspace.visible_path,
+                     "DY_SCRATCH": SCRATCH_MOUNT}
+            launcher = workspace.launcher(False, binds=(
+                Bind(workspace.mirror, REPO_MOUNT, writable=False),
+                Bind(scratch, SCRATCH_MOUNT),
+            ))
+        else:
+            paths = {"DY_REPO": str(workspace.mirror), "DY_TREE": str(workspace.path),
+                     "DY_SCRATCH": str(scratch)}
+            launcher = workspace.launcher(False)
+        # The host's git and patch, from directories no layer of the workspace can write.
+        full_env = {**git_env(), "PATH": "/usr/bin:/bin", **paths,
+                    **(env or {})}
+        outcome = run_command(_PRELUDE + script, cwd=str(workspace.path), env=full_env,
+                              timeout=timeout, launcher=launcher)
+        files = {}
+        with ConfinedTree(scratch) as view:
+            for name in outputs:
+                if view.exists(name):
+                    files[name] = view.read_bytes(name, max_output_bytes)
+        return StepOutcome(exit_code=outcome.exit_code, files=files, output=outcome.output)
+    finally:
+        remove_tree(scratch)
+
+
+def literal_pathspecs(paths: list[str]) -> bytes:
+    """NUL-separated ``:(literal)`` pathspecs, for ``xargs -0`` (names may hold anything)."""
+    return b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+def quoted(*words: str) -> str:
+    return " ".join(shlex.quote(word) for word in words)
