@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -313,3 +314,39 @@ def test_setup_runs_once_per_template_or_per_task_in_fallback(executor_factory, 
         second = fast.submit({**body, "task_id": "b"}).json()
         assert first["phases"]["checkout"] >= 0.3  # the template's build, setup included
         assert second["phases"]["setup"] == 0 and second["phases"]["checkout"] < 0.3
+
+
+@pytest.mark.skipif(not (CAPS.idmap and CAPS.overlay), reason="idmapped mounts unavailable")
+def test_runtime_directories_are_copy_on_write_per_workspace_and_template(
+    executor_factory, demo_task
+):
+    """A ``pip install`` into the image's interpreter: what setup puts in /usr/local is a layer
+    every workspace of that template shares; what a session writes there is that session's only;
+    the host's /usr/local never changes."""
+    executor = executor_factory()
+    host_git_before = Path("/usr/local/bin/git").exists()
+    marker = f"dockyard-runtime-{uuid.uuid4().hex}"
+    host = Path("/usr/local/lib") / marker
+    setup = [f"echo from-setup > /usr/local/lib/{marker}"]
+    a = _start(executor, demo_task, setup=setup)
+    b = _start(executor, demo_task, setup=setup)
+    plain = _start(executor, demo_task)  # another template: no setup
+    assert _exec(executor, a, f"cat /usr/local/lib/{marker}")["output"] == "from-setup\n"
+    wrote = _exec(executor, a, f"echo from-a > /usr/local/lib/{marker}-a && "
+                               "touch /usr/local/bin/git && id -u")
+    assert wrote["exit_code"] == 0, wrote["output"]
+    assert _exec(executor, b, f"cat /usr/local/lib/{marker}")["output"] == "from-setup\n"
+    assert _exec(executor, b, f"ls /usr/local/lib/{marker}-a /usr/local/bin/git 2>&1; true")[
+        "output"].count("No such file") == 2
+    assert _exec(executor, plain, f"ls /usr/local/lib/{marker} 2>&1; true")["output"].count(
+        "No such file") == 1
+    assert not host.exists() and not Path(f"{host}-a").exists()
+    assert Path("/usr/local/bin/git").exists() == host_git_before
+    # A fake git first on the session's PATH (printing no diff) is not what captures the fix:
+    # the executor's git steps run the host's /usr/bin/git.
+    _exec(executor, a, "printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/git && "
+                       "chmod +x /usr/local/bin/git && sed -i 's/a - b/a + b/' calc/__init__.py")
+    assert _exec(executor, a, "git --version; echo $?")["output"] == "0\n"  # the fake one
+    finished = _finish(executor, a, demo_task)
+    assert "return a + b" in finished["patch"]
+    assert finished["result"]["status"] == "resolved"
