@@ -90,9 +90,12 @@ def shared_dir() -> Iterator[Path]:
     import shutil
     import tempfile
 
+    from task_executor.service.lifecycle import unmount_under
+
     path = Path(tempfile.mkdtemp(prefix="dockyard-shared-", dir="/var/tmp"))
     path.chmod(0o777)
     yield path
+    unmount_under(path)  # an executor based here leaves its runtime binds: never delete through
     shutil.rmtree(path, ignore_errors=True)
 
 
