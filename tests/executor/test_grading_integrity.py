@@ -84,6 +84,16 @@ def test_planted_test_configuration_is_excluded(executor, demo_task, planted):
     assert config_files <= set(result["excluded_files"])
 
 
+def test_gitattributes_cannot_corrupt_the_held_out_tests(executor, demo_task):
+    # A working-tree encoding the interpreter cannot read, applied by git as it restores the
+    # held-out tests, would turn the agent's own failure into a run with no tests (no verdict).
+    # The restore reads attributes from its own index (base_commit's), never the agent's file.
+    patch = _cheat_patch(demo_task, {".gitattributes": "*.py working-tree-encoding=UTF-16LE\n"})
+    result = executor.submit(demo_task.request("attrs", patch)).json()
+    assert result["status"] == "unresolved", result["log"]
+    assert result["tests"]["tests/test_calc.py::test_mul"] == "PASSED"
+
+
 def test_setup_cfg_keeps_agent_edits_outside_test_sections(executor, demo_task):
     repo = Path(demo_task.repo)
     write_files(
