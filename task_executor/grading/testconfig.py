@@ -30,6 +30,9 @@ _WHOLE_FILE_NAMES = {
     ".coveragerc",
     "sitecustomize.py",
     "usercustomize.py",
+    # git applies attributes (working-tree-encoding, eol, filters) as it writes the held-out
+    # tests: an agent's .gitattributes could hand the test runner files it cannot read.
+    ".gitattributes",
 }
 SECTIONED_FILES = {"setup.cfg", "pyproject.toml"}
 

@@ -85,12 +85,16 @@ def test_planted_test_configuration_is_excluded(executor, demo_task, planted):
 
 
 def test_gitattributes_cannot_corrupt_the_held_out_tests(executor, demo_task):
-    # A working-tree encoding the interpreter cannot read, applied by git as it restores the
-    # held-out tests, would turn the agent's own failure into a run with no tests (no verdict).
-    # The restore reads attributes from its own index (base_commit's), never the agent's file.
-    patch = _cheat_patch(demo_task, {".gitattributes": "*.py working-tree-encoding=UTF-16LE\n"})
+    # A working-tree encoding the interpreter cannot read, applied by git as it writes the
+    # held-out tests, hands the runner files it cannot parse: every test MISSING. The agent's
+    # .gitattributes is test configuration, left out like conftest.py; the tests stay canonical.
+    # By hand: git itself would re-encode the patch's other files while making it.
+    patch = ("diff --git a/.gitattributes b/.gitattributes\nnew file mode 100644\n"
+             "--- /dev/null\n+++ b/.gitattributes\n@@ -0,0 +1 @@\n"
+             "+*.py working-tree-encoding=UTF-16LE\n")
     result = executor.submit(demo_task.request("attrs", patch)).json()
     assert result["status"] == "unresolved", result["log"]
+    assert ".gitattributes" in result["excluded_files"]
     assert result["tests"]["tests/test_calc.py::test_mul"] == "PASSED"
 
 
