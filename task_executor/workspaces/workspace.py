@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -489,11 +490,14 @@ def _overlay_copy(upper: Path, target: Path) -> None:
 
 
 def _size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (lstat only: a symlink in a snapshot, which
+    the agent may have pointed anywhere on the host, is never followed)."""
     total = 0
     for item in path.rglob("*"):
         try:
-            if item.is_file() and not item.is_symlink():
-                total += item.stat().st_size
+            info = item.lstat()
         except OSError:
             continue
+        if stat.S_ISREG(info.st_mode):
+            total += info.st_size
     return total
