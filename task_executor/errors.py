@@ -3,6 +3,7 @@
     ExecutorError                 500 internal_error
     ├── InvalidRequest            400 invalid_request (bad JSON, missing or mistyped fields: 422)
     ├── Unauthorized              401 unauthorized
+    ├── Forbidden                 403 forbidden (from_sandbox: a request by code under test)
     ├── NotFound                  404 not_found
     ├── Conflict                  409 conflict
     ├── OverCapacity              429 over_capacity (carries Retry-After)
@@ -51,6 +52,11 @@ class ValidationFailed(InvalidRequest):
 class Unauthorized(ExecutorError):
     code = "unauthorized"
     http_status = 401
+
+
+class Forbidden(ExecutorError):
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFound(ExecutorError):

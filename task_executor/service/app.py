@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from task_executor.config import Settings
-from task_executor.errors import ExecutorError, Unauthorized, http_error_code
+from task_executor.errors import ExecutorError, Forbidden, Unauthorized, http_error_code
 
-from . import lifecycle, metrics, requestlog
+from . import lifecycle, metrics, peers, requestlog
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,19 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["dockyard"] = services = Services.build(settings)
     requestlog.install(app)  # first, so requests refused by the hooks below carry an id too
+
+    sandbox_uid = services.workspaces.capabilities.sandbox_uid
+    if sandbox_uid is not None and sandbox_uid == os.geteuid():
+        sandbox_uid = None  # an unprivileged executor shares its uid with its sandboxes
+
+    @app.before_request
+    def refuse_code_under_test() -> None:
+        # Before the token check: a sandbox sharing the host's network never reaches a route.
+        address, port = request.remote_addr or "", request.environ.get("REMOTE_PORT")
+        if sandbox_uid is None or not port or not peers.is_loopback(address):
+            return
+        if peers.socket_owner(address, int(port)) == sandbox_uid:
+            raise Forbidden("requests from code under test are refused", code="from_sandbox")
 
     @app.before_request
     def require_token() -> None:

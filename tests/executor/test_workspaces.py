@@ -350,3 +350,28 @@ def test_runtime_directories_are_copy_on_write_per_workspace_and_template(
     finished = _finish(executor, a, demo_task)
     assert "return a + b" in finished["patch"]
     assert finished["result"]["status"] == "resolved"
+
+
+@needs_overlay
+def test_a_sandbox_sharing_the_hosts_network_cannot_drive_the_executor(executor, demo_task):
+    """With egress allowed, a session shares the host's network and so the executor's port; with
+    no token set, it could run commands in every other session. The kernel names the owner of
+    each loopback socket: the sandbox uid's requests are refused."""
+    victim = _start(executor, demo_task)
+    port = int(executor.url.rsplit(":", 1)[1])
+    attacker = _start(executor, demo_task, deny_network=False)
+    probe = (
+        "import json, urllib.request, urllib.error\n"
+        f"req = urllib.request.Request('http://127.0.0.1:{port}/session/{victim}/exec',\n"
+        "    data=json.dumps({'command': 'touch pwned'}).encode(),\n"
+        "    headers={'Content-Type': 'application/json'})\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(req, timeout=30).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, json.load(e)['error']['code'])\n"
+    )
+    answer = _exec(executor, attacker, f"python3 -c \"{probe}\"")
+    assert answer["output"].strip() == "403 from_sandbox", answer["output"]
+    assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
+    # the executor itself still answers a caller on the same loopback
+    assert executor.get(f"/session/{victim}").status_code == 200
