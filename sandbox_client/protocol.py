@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    field_validator,
 )
 
 PROTOCOL_VERSION = 1
@@ -350,8 +351,17 @@ class SnapshotRequest(_Request):
     """``POST /session/<id>/snapshot``."""
 
     name: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Name; default snap-N."
+        default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Name (not `.` or `..`); default snap-N.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_directory_name(cls, name: str | None) -> str | None:
+        # A snapshot is kept in a directory of its name: `..` would be the workspace itself.
+        if name in (".", ".."):
+            raise ValueError("a snapshot may not be named . or ..")
+        return name
 
 
 class SnapshotInfo(_Response):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cgroups
+from .programs import host_program
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,8 @@ def drop_to(uid: int) -> list[str]:
     if os.geteuid() != 0:
         return []  # already unprivileged: bwrap maps root inside to our own uid
     return [
-        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
+        "--clear-groups",
         "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
     ]
 
@@ -177,14 +178,14 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
         tmpfs = root and _can_tmpfs(scratch)
         idmap = root and _can_idmap(scratch, uid)
         reflink = _can_reflink(scratch)
-        bwrap = shutil.which("bwrap")
+        bwrap = host_program("bwrap")
         network = False
         if not sandbox:
             bwrap = None
             missing["sandbox"] = "switched off (DOCKYARD_SANDBOX=none)"
         elif bwrap is None:
             missing["sandbox"] = "bwrap not found (install the bubblewrap package)"
-        elif root and shutil.which("setpriv") is None:
+        elif root and host_program("setpriv") is None:
             missing["sandbox"] = "setpriv not found (util-linux)"
             bwrap = None
         else:

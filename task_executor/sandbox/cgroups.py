@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .programs import host_program
+
 ROOT = Path("/sys/fs/cgroup")
 _LIMIT_FILES = {
     ("v1", "pids"): "pids.max", ("v1", "memory"): "memory.limit_in_bytes",
@@ -185,4 +187,5 @@ def enter_argv(group: Group | None) -> list[str]:
     if group is None:
         return []
     files = group.procs_files
-    return ["sh", "-c", _ENTER, "dockyard-cgroup", str(len(files)), *files]
+    return [host_program("sh") or "/bin/sh", "-c", _ENTER, "dockyard-cgroup", str(len(files)),
+            *files]

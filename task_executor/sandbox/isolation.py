@@ -31,6 +31,7 @@ from pathlib import Path
 from .capabilities import Capabilities, drop_to, searchable_by_others
 from .cgroups import Group, enter_argv
 from .limits import Limits
+from .programs import host_program
 
 REPORTER_MOUNT = "/run/dockyard/reporter"
 """Where code under test finds the reporter plugin (read-only; the executor's own packages are
@@ -96,8 +97,8 @@ class Sandbox:
             tail = rlimits
             if self.run_as is not None:
                 uid, gid = self.run_as
-                tail = [*tail, "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                        "--no-new-privs", "--"]
+                tail = [*tail, host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}",
+                        f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
             return [*enter_argv(group), *tail]
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
@@ -176,7 +177,8 @@ def host_view_argv(avoid: Path) -> tuple[str, ...]:
                 argv.extend(["--dir", path])
                 show(path)
             elif os.path.isdir(path) or os.path.isfile(path):
-                argv.extend(["--ro-bind", path, path])
+                # -try: an entry removed after start must not stop every sandbox from starting
+                argv.extend(["--ro-bind-try", path, path])
 
     show("/")
     return tuple(argv)

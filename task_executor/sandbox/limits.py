@@ -12,14 +12,15 @@
 from __future__ import annotations
 
 import functools
-import shutil
 from dataclasses import dataclass
+
+from .programs import host_program
 
 
 @functools.cache
-def _have_prlimit() -> bool:
-    """Looked up once: every grading and session start builds a launcher."""
-    return shutil.which("prlimit") is not None
+def _prlimit() -> str | None:
+    """Looked up once (every grading and session start builds a launcher), by absolute path."""
+    return host_program("prlimit")
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ class Limits:
 
     def prlimit_argv(self, nproc: bool) -> list[str]:
         """argv prefix setting the rlimits (RLIMIT_NPROC only when no pids cgroup binds)."""
-        if not _have_prlimit():
+        prlimit = _prlimit()
+        if prlimit is None:
             return []
         pairs = [("--nproc", self.pids if nproc else None), ("--fsize", self.fsize_bytes)]
         options = [f"{flag}={value}" for flag, value in pairs if value is not None]
-        return ["prlimit", *options, "--"] if options else []
+        return [prlimit, *options, "--"] if options else []

@@ -250,6 +250,17 @@ class SessionManager:
                 raise Conflict(f"snapshot {name!r} exists", code="snapshot_exists")
             target = session.workspace.root / "snapshots" / name
             snap = session.workspace.snapshot(target)
+            # Snapshots live on the host's disk, outside the workspace's tmpfs: together they
+            # may hold no more than the disk quota, or N snapshots would write N quotas.
+            quota = self.workspaces.disk_quota
+            kept = sum(s.size_bytes for s in session.snapshots.values()) + snap.size_bytes
+            if quota is not None and kept > quota:
+                remove_tree(target)
+                raise Conflict(
+                    f"the session's snapshots would hold {kept} bytes, over the workspace's "
+                    f"disk quota of {quota}; delete the session or snapshot less",
+                    code="snapshot_quota_exceeded",
+                )
             session.snapshots[name] = snap
             return SnapshotInfo(session_id=session_id, name=name, size_bytes=snap.size_bytes)
 

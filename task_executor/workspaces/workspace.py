@@ -159,6 +159,11 @@ class WorkspaceFactory:
         return self.sandbox.capabilities
 
     @property
+    def disk_quota(self) -> int | None:
+        """Bytes a workspace may write (None: no quota is enforced here)."""
+        return self.sandbox.limits.disk_bytes if self.quota_mounts else None
+
+    @property
     def mode(self) -> str:
         caps = self.capabilities
         if caps.mount_namespace and self.sandbox.fixed_path and self.templates is not None:
