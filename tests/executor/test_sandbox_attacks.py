@@ -777,7 +777,8 @@ def test_graded_code_does_not_run_in_the_executors_interpreter(executor, demo_ta
         assert not executable.startswith(sys.prefix)
 
 
-# ---------------------------------------------------------------------------------- open holes
+# ---------------------------------------------------------------------------------- found holes
+# Holes these attacks found: the ones still open are strict xfails naming the hole.
 
 
 _SH_PAYLOAD = (
@@ -787,15 +788,15 @@ _SH_PAYLOAD = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (host root): the launcher's first programs (`sh` of the cgroup joiner; `setpriv` / "
-    "`prlimit` without cgroups) are found by subprocess with the *task's* PATH, relative to "
-    "cwd = the host path of the agent's tree. With a relative entry in the task env's PATH "
-    "('.', or an empty one as in ':/usr/bin' or 'a::b'), an agent patch adding an executable "
-    "`sh` at the repo root makes the executor run it as root on the host, outside any sandbox, "
-    "when it launches the test run. Fix: absolute paths for every launcher program"))
+@pytest.mark.parametrize("path", [".:/usr/local/bin:/usr/bin:/bin", ":/usr/bin:/bin",
+                                  "/nonexistent::/usr/bin:/bin"], ids=["dot", "leading", "double"])
 def test_a_relative_task_path_does_not_run_the_agents_sh_on_the_host(executor, demo_task,
-                                                                      tmp_path):
+                                                                      tmp_path, path):
+    """Closed in 195474e (it ran an agent's ``sh`` as root on the host): the launcher's first
+    programs were found by subprocess on the *task's* PATH, relative to cwd = the host path of
+    the agent's tree; with a relative PATH entry ('.', or an empty one as in ':/usr/bin'), an
+    agent patch adding an executable ``sh`` at the repo root ran it as host root when the test
+    run was launched."""
     _require_sandbox(executor)
     proof = tmp_path / "host-root-proof"
     payload = _SH_PAYLOAD.replace("@PROOF@", str(proof))
@@ -806,20 +807,18 @@ def test_a_relative_task_path_does_not_run_the_agents_sh_on_the_host(executor, d
     patch = diff_of(repo, {})
     assert "new file mode 100755" in patch
     body = {**demo_task.request("relative-path", patch),
-            "env": {**FAST_PYTEST_ENV, "PATH": ".:/usr/local/bin:/usr/bin:/bin"}}
+            "env": {**FAST_PYTEST_ENV, "PATH": path}}
     result = executor.submit(body).json()
-    assert result["status"] in ("unresolved", "resolved", "execution_error")
     assert not proof.exists(), f"the agent's sh ran on the host as uid {proof.read_text()}"
+    assert result["status"] == "unresolved", (result.get("error"), result["log"][-2000:])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (host root): a session shell is respawned (after a timeout) by Popen with the session "
-    "env's PATH and cwd = the host path of the tree whenever the shell's in-sandbox cwd does not "
-    "exist on the host (it is tried as a host path first); with a relative PATH entry, an "
-    "executable /testbed/sh written by the agent, `cd /testbed/calc` and one timed-out command "
-    "run that sh as root on the host"))
 def test_a_relative_session_path_does_not_run_the_agents_sh_on_the_host(executor, demo_task,
                                                                          tmp_path):
+    """Closed in 195474e: a session shell respawned after a timeout was started by Popen with
+    the session env's PATH and cwd = the tree's host path (the in-sandbox cwd is tried as a
+    host path first); with a relative PATH entry, /testbed/sh written by the agent, ``cd
+    /testbed/calc`` and one timed-out command ran that sh as root on the host."""
     _require_sandbox(executor)
     proof = tmp_path / "host-root-proof"
     payload = _SH_PAYLOAD.replace("@PROOF@", str(proof))
@@ -872,12 +871,10 @@ def test_a_test_run_that_kills_itself_is_unresolved(executor, demo_task):
     assert result["status"] == "unresolved", (result["status"], result.get("error"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (disk quota): snapshots (and the base layers of forks) are copied to "
-    "<workspace>/snapshots on the host disk, outside the workspace's size-limited tmpfs: a "
-    "session that fills its quota once and snapshots N times writes N x quota to the disk "
-    "holding the base dir"))
 def test_snapshots_count_against_the_disk_quota(executor_factory, demo_task):
+    """Closed in 195474e: snapshots are copied to <workspace>/snapshots on the host disk,
+    outside the workspace's tmpfs; a session that filled its quota once and snapshotted N times
+    wrote N x quota to the disk holding the base dir."""
     executor = executor_factory(disk_limit_bytes=32 * MiB, runtime_dirs=())
     sandbox = _require_sandbox(executor)
     if sandbox["limits"]["disk"]["enforced_by"] != "tmpfs":
@@ -892,13 +889,11 @@ def test_snapshots_count_against_the_disk_quota(executor_factory, demo_task):
     assert _du(executor.settings.base_dir) - before <= 32 * MiB
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: a snapshot may be named '..' (the name pattern [A-Za-z0-9._-]{1,64} allows it): "
-    "<workspace>/snapshots/.. is the workspace's own root, so the snapshot copies into it, its "
-    "size walks every mount in it (with runtime dirs: all of /usr/local and /opt, ~9 GB here), "
-    "and a fork from it copies the whole workspace root (mounted tree, tmpfs, runtime overlays) "
-    "onto the host disk, outside any quota"))
 def test_a_snapshot_cannot_be_named_dot_dot(executor_factory, demo_task):
+    """Closed in 195474e: '..' matched the name pattern; <workspace>/snapshots/.. is the
+    workspace's root, whose size walk crossed every mount in it (~9 GB with runtime dirs) and
+    whose fork copied the whole workspace root (mounted tree, tmpfs, runtime overlays) onto the
+    host disk, outside any quota."""
     executor = executor_factory(runtime_dirs=())
     _require_sandbox(executor)
     sid = _start(executor, demo_task)
@@ -907,14 +902,12 @@ def test_a_snapshot_cannot_be_named_dot_dot(executor_factory, demo_task):
         assert answer.status_code in (400, 422), (name, answer.text)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (availability): the host view is listed once at start and every entry is bound with "
-    "--ro-bind (not --ro-bind-try): when a sibling of the base dir (or of any of its ancestors, "
-    "or a top-level entry) is removed later, every sandbox fails to start (bwrap: Can't find "
-    "source path), so every session start fails and every grading is an execution_error"))
 def test_a_vanished_sibling_of_the_base_dir_does_not_break_the_sandbox(outside_tmp_base,
                                                                         executor_factory,
                                                                         demo_task):
+    """Closed in 195474e: the host view is listed once at start; with plain --ro-bind, a
+    sibling of the base dir (or of an ancestor) removed later made every sandbox fail to start
+    (bwrap: Can't find source path): every session start and every grading failed."""
     sibling = outside_tmp_base.parent / "sibling"
     sibling.mkdir()
     executor = executor_factory(base_dir=outside_tmp_base)
