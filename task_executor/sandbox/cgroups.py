@@ -4,7 +4,7 @@
 neither bind one workspace nor spare the others; a pids cgroup counts exactly the workspace's
 processes, whoever they claim to be. The memory controller caps what the workspace's processes
 (and the tmpfs pages they write: the workspace's disk quota lives in memory) may use. A process
-enters its group before it becomes the sandbox uid (see ``enter_argv``), and nothing inside can
+enters its group before it becomes the sandbox uid (the launcher's wrapper), and nothing inside can
 leave: the hierarchy is read-only in the sandbox and owned by the host's root.
 
 cgroup v1 (one hierarchy per controller, as on this machine) and v2 (one unified hierarchy whose
@@ -22,8 +22,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-
-from .programs import host_program
 
 ROOT = Path("/sys/fs/cgroup")
 _LIMIT_FILES = {
@@ -172,20 +170,3 @@ class Groups:
                     Group({"any": child}).remove()
             with contextlib.suppress(OSError):
                 parent.rmdir()
-
-
-# The first thing a sandboxed command runs: its own pid into each group, then the sandbox.
-# A failure to join aborts (125): a command must never run outside its limits.
-_ENTER = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
-    'exec "$@"'
-)
-
-
-def enter_argv(group: Group | None) -> list[str]:
-    """argv prefix that joins ``group`` and then execs the rest."""
-    if group is None:
-        return []
-    files = group.procs_files
-    return [host_program("sh") or "/bin/sh", "-c", _ENTER, "dockyard-cgroup", str(len(files)),
-            *files]

@@ -24,12 +24,14 @@ rlimits only, in ``git-clone`` mode, and ``/health`` says so.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .capabilities import Capabilities, drop_to, searchable_by_others
-from .cgroups import Group, enter_argv
+from .cgroups import Group
 from .limits import Limits
 from .programs import host_program
 
@@ -87,25 +89,42 @@ class Sandbox:
         *,
         group: Group | None = None,
         binds: tuple[Bind, ...] = (),
+        args_dir: Path | None = None,
     ) -> list[str]:
-        """The argv prefix that runs a command inside this workspace's sandbox."""
+        """The argv prefix that runs a command inside this workspace's sandbox.
+
+        With ``args_dir`` (a directory only the executor can read), bubblewrap's options go to
+        a file there, handed over on fd 3 (``bwrap --args 3``): the sandbox's pid 1 is bwrap,
+        whose argv every process inside can read, and the options name host paths.
+        """
         if deny_network and not self.capabilities.network_namespace:
             # Fail closed: callers check `can_deny_network` first; this is the last guard.
             raise RuntimeError("egress denial requested but network namespaces are unavailable")
         rlimits = self.limits.prlimit_argv(nproc=group is None or "pids" not in group.directories)
+        cgroup_files = group.procs_files if group is not None else []
         if not self.active:
             tail = rlimits
             if self.run_as is not None:
                 uid, gid = self.run_as
                 tail = [*tail, host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}",
                         f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
-            return [*enter_argv(group), *tail]
+            return [*_wrapper(cgroup_files, None), *tail] if cgroup_files else tail
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
+        options = self._bwrap_options(tree, tmp, deny_network, binds)
+        if args_dir is None:
+            return [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
+                    self.capabilities.bwrap, *options, "--"]
+        args_file = _write_args(args_dir, options)
+        return [*_wrapper(cgroup_files, args_file), *drop_to(uid), *rlimits,
+                self.capabilities.bwrap, "--args", "3", "--"]
+
+    def _bwrap_options(
+        self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...]
+    ) -> list[str]:
         inside_uid, inside_gid = self.run_as or (0, 0)
         fixed = self.fixed_path or "/testbed"
         argv = [
-            *enter_argv(group), *drop_to(uid), *rlimits, self.capabilities.bwrap,
             "--unshare-user", "--uid", str(inside_uid), "--gid", str(inside_gid),
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--disable-userns", *(["--unshare-net"] if deny_network else []),
@@ -126,7 +145,7 @@ class Sandbox:
             argv += ["--ro-bind", str(self.reporter_dir), REPORTER_MOUNT]
         if self.host_view[:2] == ("--tmpfs", "/"):
             argv += ["--remount-ro", "/"]  # after every mount point was made in it
-        return [*argv, "--chdir", fixed, "--hostname", "dockyard", "--"]
+        return [*argv, "--chdir", fixed, "--hostname", "dockyard"]
 
     @property
     def can_deny_network(self) -> bool:
@@ -140,6 +159,35 @@ class Sandbox:
         if self.reporter_dir is None:
             return None
         return REPORTER_MOUNT if self.active else str(self.reporter_dir)
+
+
+# The first thing a sandboxed command runs, as root: its own pid into each of its cgroups (a
+# failure aborts, 125: a command must never run outside its limits), the bubblewrap options file
+# opened on fd 3 (root-only; bwrap reads and closes it), the host's PWD forgotten (bwrap's
+# environment is readable inside), then the rest: setpriv, prlimit, bwrap.
+_WRAPPER = (
+    'a=$1; n=$2; shift 2; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
+    'n=$((n-1)); done; if [ -n "$a" ]; then exec 3< "$a" || exit 125; fi; unset PWD OLDPWD; '
+    'exec "$@"'
+)
+
+
+def _wrapper(cgroup_files: list[str], args_file: Path | None) -> list[str]:
+    return [host_program("sh") or "/bin/sh", "-c", _WRAPPER, "dockyard-sandbox",
+            str(args_file or ""), str(len(cgroup_files)), *cgroup_files]
+
+
+def _write_args(directory: Path, options: list[str]) -> Path:
+    """The options as a NUL-separated file in ``directory`` (one per distinct set, kept)."""
+    data = b"".join(os.fsencode(option) + b"\0" for option in options)
+    target = directory / f".bwrap-{hashlib.sha256(data).hexdigest()[:20]}"
+    if not target.exists():
+        temporary = directory / f".bwrap-{uuid.uuid4().hex}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, target)
+    return target
 
 
 _PRIVATE_TOP = {"proc", "dev", "tmp", "run"}

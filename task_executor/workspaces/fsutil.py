@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -13,11 +14,14 @@ def remove_tree(path: Path) -> None:
     """Remove a directory even when the code under test made parts of it read-only."""
 
     def make_writable_and_retry(function, failed_path, _exc_info):  # type: ignore[no-untyped-def]
-        try:
-            os.chmod(os.path.dirname(failed_path), 0o700)
-            os.chmod(failed_path, 0o700)
-        except OSError:
-            pass
+        # chmod follows symlinks: only real directories and files of the tree are touched (the
+        # tree's processes are dead by now; a link swapped in must still lead nowhere).
+        for target in (os.path.dirname(failed_path), failed_path):
+            try:
+                if not stat.S_ISLNK(os.lstat(target).st_mode):
+                    os.chmod(target, 0o700)
+            except OSError:
+                pass
         try:
             function(failed_path)
         except OSError:

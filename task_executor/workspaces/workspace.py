@@ -111,7 +111,7 @@ class Workspace:
     def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> list[str]:
         return self.factory.sandbox.launcher(
             self.path, self.tmp, deny_network, group=self.group,
-            binds=(*self.runtime_binds, *binds),
+            binds=(*self.runtime_binds, *binds), args_dir=self.root,
         )
 
     def destroy(self) -> None:
@@ -471,7 +471,7 @@ class WorkspaceFactory:
                 mount_holder.mkdir(mode=0o711, exist_ok=True)
                 binds = self.runtime.mount(mount_holder, root)
             launcher = self.sandbox.launcher(tree, tmp, deny_network=False, group=group,
-                                             binds=binds)
+                                             binds=binds, args_dir=root)
             full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
             self.run_setup(tree, setup, full_env, launcher=launcher)
         finally:

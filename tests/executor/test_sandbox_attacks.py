@@ -418,13 +418,9 @@ def test_unmounting_does_not_reveal_the_base_dir(outside_tmp_base, executor_fact
     _empty_patch_is_unresolved(executor, demo_task)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: the sandbox's pid 1 is bwrap, whose argv (/proc/1/cmdline: every --bind source, "
-    "e.g. <base>/work/ws-<id>/merged) and environ (PWD=<base>/work/ws-<id>/merged, set by the "
-    "cgroup-joining `sh -c`) name the executor's base directory and the workspace's host path; "
-    "reachable from every session and test (`tr '\\0' ' ' < /proc/1/cmdline`). The contents stay "
-    "hidden, the names do not (bwrap --args FD and a clean PWD would close it)"))
 def test_the_sandbox_init_does_not_name_the_base_dir(executor, demo_task):
+    # pid 1 is bwrap, readable by all inside: its options (every bind source) come on fd 3 from
+    # a root-only file (bwrap --args), and the wrapper drops the host's PWD before it starts.
     _require_sandbox(executor)
     base_dir = str(executor.settings.base_dir.resolve())
     sid = _start(executor, demo_task)
