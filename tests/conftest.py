@@ -49,17 +49,29 @@ def _no_mount_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None
 @pytest.fixture(scope="session", autouse=True)
 def _no_cgroup_outlives_the_suite() -> Iterator[None]:
     """Executors made in-process are never shut down; their (empty) per-executor cgroups would
-    pile up under /sys/fs/cgroup, one per test."""
-    yield
+    pile up under /sys/fs/cgroup, one per test. Only the groups this test session's executors
+    made are removed: another process's executor (another test run on the machine) may have just
+    made a group it has not joined yet, and an empty group is not an abandoned one."""
     import contextlib
 
-    from task_executor.sandbox.cgroups import ROOT
+    from task_executor.sandbox import cgroups
 
-    for parent in [*ROOT.glob("*/dockyard-*"), *ROOT.glob("dockyard-*")]:
-        for child in [*parent.iterdir(), parent]:
-            if child.is_dir():
-                with contextlib.suppress(OSError):
-                    child.rmdir()  # only an empty group goes: nothing that runs is touched
+    made: set[Path] = set()
+    original = cgroups.Groups.__init__
+
+    def recording(self: cgroups.Groups, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.update(parent for _, parent in self.parents.values())
+
+    cgroups.Groups.__init__ = recording  # type: ignore[method-assign]
+    yield
+    cgroups.Groups.__init__ = original  # type: ignore[method-assign]
+    for parent in made:
+        if parent.is_dir():
+            for child in [*parent.iterdir(), parent]:
+                if child.is_dir():
+                    with contextlib.suppress(OSError):
+                        child.rmdir()  # only an empty group goes: nothing that runs is touched
 
 
 def _searchable_by_the_sandbox(path: Path) -> None:
