@@ -36,7 +36,7 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
 def test_executor_dockerfile_has_what_the_fleet_relies_on() -> None:
     steps = instructions(IMAGES / "Dockerfile.executor")
     runs = " ".join(args for word, args in steps if word == "RUN")
-    for tool in ("git", "bash", "patch"):
+    for tool in ("git", "bash", "patch", "bubblewrap"):  # bubblewrap: the sandbox
         assert re.search(rf"\b{tool}\b", runs), tool
     assert "pip install" in runs
     assert ("USER", "${EXECUTOR_USER}") in steps
@@ -53,6 +53,10 @@ def test_carrier_dockerfile_copies_the_runtime_it_builds() -> None:
     assert any(w == "RUN" and "build-runtime.sh /src /opt/dockyard" in a for w, a in steps)
     assert ("COPY", "--from=build /opt/dockyard /opt/dockyard") in steps
     assert (IMAGES / "carrier" / "build-runtime.sh").is_file()
+    # The carrier brings its own bubblewrap, built on the same base (glibc) as the runtime.
+    runs = " ".join(args for word, args in steps if word == "RUN")
+    assert "apt-get source bubblewrap" in runs and "meson install" in runs
+    assert any(w == "RUN" and a.startswith("BWRAP=/usr/local/bin/bwrap ") for w, a in steps)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.executor", "Dockerfile.carrier"])
@@ -90,3 +94,34 @@ def test_carrier_runtime_runs_relocated_with_an_empty_environment(tmp_path: Path
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(moved / "python")
     assert sys.base_prefix not in result.stdout
+    check_carried_bwrap(moved, env)
+
+
+def check_carried_bwrap(moved: Path, env: dict[str, str]) -> None:
+    """The carried bubblewrap runs from where the runtime landed, on its own libraries, and the
+    launcher of ``serve`` links it where the executor looks (checked in a private
+    /usr/local/sbin: the host's is never touched)."""
+    bwrap = moved / "sandbox" / "bin" / "bwrap"
+    if shutil.which("bwrap") is None:
+        assert not bwrap.exists()  # nothing to carry: the build said so and went on
+        return
+    result = subprocess.run([str(bwrap), "--version"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "bubblewrap" in result.stdout, result.stderr
+    libs = subprocess.run(["ldd", str(bwrap)], capture_output=True, text=True, timeout=60).stdout
+    for line in libs.splitlines():
+        if "=>" in line and not re.search(r"\blib(c|m|pthread|dl|rt)\.so", line):
+            assert str(moved / "sandbox") in line, line  # carried, not the host's
+    if os.geteuid() != 0:
+        return
+    private = [shutil.which("bwrap") or "bwrap", "--bind", "/", "/", "--tmpfs", "/usr/local/sbin",
+               "--proc", "/proc", "--dev", "/dev"]
+    probe = subprocess.run([*private, "true"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"no private /usr/local/sbin here: {probe.stderr}")
+    launcher = moved / "bin" / "task-executor"
+    script = f"{launcher} serve --help >/dev/null && readlink /usr/local/sbin/bwrap"
+    result = subprocess.run([*private, "sh", "-c", script], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(bwrap)
