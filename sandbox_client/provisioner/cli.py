@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     prov.add_argument("--min-ready", type=int, help="fewest Ready pods to accept (default: all)")
     prov.add_argument("--image", help="executor image (task image with --carrier-image)")
     prov.add_argument("--carrier-image", help="carrier image that injects the executor")
+    prov.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=None,
+                      help="let the executor sandbox code under test (root, SYS_ADMIN, "
+                           "unconfined seccomp/AppArmor; default: $DOCKYARD_POD_SANDBOX, off)")
     prov.add_argument("--max-live", type=int, help="cap on live pods")
     prov.add_argument("--rate", type=float, help="creates per second")
     prov.add_argument("--burst", type=int, help="token-bucket burst")
@@ -73,9 +76,11 @@ def settings_from_args(args: argparse.Namespace,
         changes["namespace"] = args.namespace
     if args.api_host:
         changes["api"] = replace(base.api, host=args.api_host)
-    pod_changes = {key: value for key, value in (
+    pod_changes: dict[str, Any] = {key: value for key, value in (
         ("image", getattr(args, "image", None)),
         ("carrier_image", getattr(args, "carrier_image", None))) if value}
+    if getattr(args, "sandbox", None) is not None:
+        pod_changes["sandbox"] = args.sandbox
     if pod_changes:
         changes["pod"] = replace(base.pod, **pod_changes)
     for flag, field_name in (("max_live", "max_live"), ("rate", "rate"), ("burst", "burst"),

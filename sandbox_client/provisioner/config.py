@@ -82,10 +82,21 @@ class ProvisionerSettings:
             except ValueError as exc:
                 raise ValueError(f"{key} must be a number, got {raw!r}") from exc
 
+        def flag(key: str, default: bool) -> bool:
+            raw = env.get(key, "").strip().lower()
+            if not raw:
+                return default
+            if raw in ("1", "true", "yes", "on"):
+                return True
+            if raw in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{key} must be 1 or 0 (true/false), got {raw!r}")
+
         pod = PodSettings(
             image=env.get("DOCKYARD_EXECUTOR_IMAGE") or PodSettings.image,
             carrier_image=env.get("DOCKYARD_CARRIER_IMAGE") or None,
             token_secret=env.get("DOCKYARD_TOKEN_SECRET") or PodSettings.token_secret,
+            sandbox=flag("DOCKYARD_POD_SANDBOX", PodSettings.sandbox),
         )
         api = APIConfig(
             host=env.get("DOCKYARD_K8S_HOST") or None,

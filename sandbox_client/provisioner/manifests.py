@@ -12,10 +12,17 @@ What the pod template encodes, and which Sandman case it answers:
 - ``enableServiceLinks: false``: other tenants' Services must not flood the environment (A43);
 - readiness and liveness on ``/health``; requests and limits set; the token from a Secret;
 - no service-account token in the pod, no NET_RAW (table 3); agents reach pods by IP (no Service).
+
+By default the executor container is unprivileged: the executor then runs code under test without
+a sandbox, in ``git-clone`` mode, and ``/health`` says so. ``PodSettings(sandbox=True)`` (opt-in,
+``DOCKYARD_POD_SANDBOX=1``) gives the container what the bubblewrap sandbox and the fast overlay
+mode need (:data:`SANDBOX_SECURITY_CONTEXT`) and makes the executor refuse to start without the
+sandbox.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from collections.abc import Mapping
@@ -34,6 +41,22 @@ RUNTIME_DIR = "/opt/dockyard"
 """Where the carrier keeps the self-contained executor, and where the task container sees it."""
 
 Manifest = dict[str, Any]
+
+SANDBOX_SECURITY_CONTEXT: Manifest = {
+    # Root, so the executor can mount (overlayfs, a tmpfs disk quota per workspace, idmapped
+    # copy-on-write runtime directories) and drop code under test to DOCKYARD_SANDBOX_UID.
+    "runAsUser": 0,
+    # Spelled SYS_ADMIN: the API refuses allowPrivilegeEscalation: false with "CAP_SYS_ADMIN".
+    "capabilities": {"add": ["SYS_ADMIN"]},
+    # The runtimes' default seccomp profile (RuntimeDefault) allows unshare(CLONE_NEWUSER) and
+    # mount(2) only to a container holding CAP_SYS_ADMIN, and their default AppArmor profile
+    # denies mount outright, in any namespace: bubblewrap cannot build a sandbox under it.
+    "seccompProfile": {"type": "Unconfined"},
+    "appArmorProfile": {"type": "Unconfined"},  # a securityContext field since Kubernetes 1.30
+}
+"""What ``PodSettings(sandbox=True)`` adds to the executor container's ``securityContext``
+(``allowPrivilegeEscalation: false`` and the dropped NET_RAW stay: no_new_privs stops no part of
+the sandbox, bubblewrap not being setuid here and user namespaces being allowed under it)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +81,16 @@ class PodSettings:
     task_base_dir: str = "/var/lib/dockyard"
     run_as_user: int | None = None
     """Run the executor as this uid (None: the image's user)."""
+    sandbox: bool = False
+    """Let the executor sandbox code under test (root, SYS_ADMIN, unconfined seccomp and
+    AppArmor; ``DOCKYARD_REQUIRE_SANDBOX=1``). Off: an unprivileged pod, no sandbox."""
     # The executor drains for DOCKYARD_SHUTDOWN_GRACE (30 s) on SIGTERM, then cleans up.
     termination_grace_s: int = 45
     """The executor holds nothing worth flushing; a short grace makes deletes confirm quickly."""
+
+    def __post_init__(self) -> None:
+        if self.sandbox and self.run_as_user not in (None, 0):
+            raise ValueError(f"sandbox=True runs the executor as root, not uid {self.run_as_user}")
 
 
 def app_labels() -> dict[str, str]:
@@ -145,6 +175,14 @@ def _executor_container(settings: PodSettings) -> Manifest:
     })
     if settings.run_as_user is not None:
         container["securityContext"]["runAsUser"] = settings.run_as_user
+    if settings.sandbox:
+        security = container["securityContext"]
+        extra = copy.deepcopy(SANDBOX_SECURITY_CONTEXT)
+        security["capabilities"] = {**extra.pop("capabilities"), **security["capabilities"]}
+        security.update(extra)
+        # Refuse to start rather than run code under test unsandboxed where the node or a
+        # policy withholds something (the pod then never gets Ready, and its log says why).
+        container["env"].append({"name": "DOCKYARD_REQUIRE_SANDBOX", "value": "1"})
     return container
 
 

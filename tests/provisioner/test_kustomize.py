@@ -3,11 +3,14 @@
 The build is done twice where possible: by a small function applying the few kustomize fields the
 base uses (always available), and by ``kubectl kustomize`` when kubectl is installed; both must
 give the same objects. The generated files must equal what ``manifests.py`` renders today, and
-the Deployment's pod template must equal the pod the provisioner creates.
+the Deployment's pod template must equal the pod the provisioner creates. The same holds for the
+``k8s/sandboxed`` component (an overlay using it, built both ways, gives exactly the pod
+``PodSettings(sandbox=True)`` makes).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,7 +31,37 @@ from sandbox_client.provisioner.manifests import (
 )
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
-KNOWN_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources"}
+KNOWN_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "components", "patches"}
+
+
+def json_patch_add(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    """RFC 6902 ``add`` operations (the only kind the component uses) applied to ``obj``."""
+    for op in ops:
+        assert op["op"] == "add", f"extend json_patch_add for {op['op']}"
+        *parents, last = [part.replace("~1", "/").replace("~0", "~")
+                          for part in op["path"].lstrip("/").split("/")]
+        node: Any = obj
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), op["value"])
+        else:
+            node[last] = op["value"]
+
+
+def apply_patches(directory: Path, kustomization: dict[str, Any],
+                  objects: list[dict[str, Any]]) -> None:
+    for entry in kustomization.get("patches", []):
+        assert set(entry) == {"path", "target"}, f"extend apply_patches for {set(entry)}"
+        assert set(entry["target"]) <= {"kind", "name"}
+        ops = yaml.safe_load((directory / entry["path"]).read_text())
+        assert isinstance(ops, list), "only JSON 6902 patches are applied here"
+        targets = [o for o in objects if all(
+            (o["metadata"]["name"] if key == "name" else o[key]) == value
+            for key, value in entry["target"].items())]
+        assert targets, f"patch {entry['path']} matches nothing"
+        for obj in targets:
+            json_patch_add(obj, ops)
 
 
 def mini_kustomize(directory: Path) -> list[dict[str, Any]]:
@@ -36,10 +69,20 @@ def mini_kustomize(directory: Path) -> list[dict[str, Any]]:
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(kustomization) - KNOWN_FIELDS
     assert not unknown, f"extend mini_kustomize for {unknown}"
+    assert kustomization["kind"] == "Kustomization"
     namespace = kustomization.get("namespace")
     objects: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        objects += [d for d in yaml.safe_load_all((directory / resource).read_text()) if d]
+    for resource in kustomization.get("resources", []):
+        if (directory / resource).is_dir():
+            objects += mini_kustomize(directory / resource)  # a base
+        else:
+            objects += [d for d in yaml.safe_load_all((directory / resource).read_text()) if d]
+    for component in kustomization.get("components", []):
+        spec = yaml.safe_load((directory / component / "kustomization.yaml").read_text())
+        assert spec["kind"] == "Component"
+        assert not set(spec) - {"apiVersion", "kind", "patches"}, "extend mini_kustomize"
+        apply_patches(directory / component, spec, objects)
+    apply_patches(directory, kustomization, objects)
     for obj in objects:
         meta = obj.setdefault("metadata", {})
         if namespace:
@@ -159,3 +202,35 @@ def test_provisioned_pod_matches_the_template(
     assert template["metadata"]["labels"].items() <= pod["metadata"]["labels"].items()
     assert pod["metadata"]["labels"][APP_LABEL] == "dockyard-executor"
     assert roundtrip(pod) == pod
+
+
+def sandboxed_overlay(tmp_path: Path) -> Path:
+    """A cluster's overlay using the component, as k8s/sandboxed/kustomization.yaml shows it
+    (outside k8s/: kustomize refuses an overlay inside its base's directory)."""
+    overlay = tmp_path / "cluster"
+    overlay.mkdir()
+    base = os.path.relpath(K8S, overlay)  # kustomize takes relative paths only
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{base}]\ncomponents: [{base}/sandboxed]\n")
+    return overlay
+
+
+def test_sandboxed_component_gives_the_sandbox_pod(
+        tmp_path: Path, built: dict[tuple[str, str], dict[str, Any]]) -> None:
+    overlay = sandboxed_overlay(tmp_path)
+    objects = by_kind(mini_kustomize(overlay))
+    kubectl = shutil.which("kubectl")
+    if kubectl is not None:
+        out = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        assert by_kind([d for d in yaml.safe_load_all(out) if d]) == objects
+    key = ("Deployment", "dockyard-executor")
+    template = objects[key]["spec"]["template"]
+    pod = pod_manifest(PodSettings(sandbox=True), "dockyard-job-abc", "job", "inst", "nonce")
+    assert template["spec"] == pod["spec"]
+    # Nothing else changes: the other objects, and the Deployment but for its pod spec.
+    assert {k: v for k, v in objects.items() if k != key} == {
+        k: v for k, v in built.items() if k != key}
+    assert {**objects[key], "spec": None} == {**built[key], "spec": None}
+    assert roundtrip(objects[key]) == objects[key]

@@ -99,3 +99,68 @@ def test_settings_from_env() -> None:
         ProvisionerSettings.from_env({**env, "DOCKYARD_CREATE_RATE": "fast"})
     with pytest.raises(ValueError, match="job"):
         ProvisionerSettings.from_env({})
+
+
+SANDBOX_KEYS = {"runAsUser", "seccompProfile", "appArmorProfile"}
+
+
+@pytest.mark.parametrize("carrier", [None, "dockyard-carrier:latest"])
+def test_sandbox_option_grants_exactly_what_the_sandbox_needs(carrier: str | None) -> None:
+    (default,) = pod_template(PodSettings(carrier_image=carrier))["spec"]["containers"]
+    (sandboxed,) = pod_template(PodSettings(carrier_image=carrier, sandbox=True))["spec"][
+        "containers"]
+    assert sandboxed["securityContext"] == {
+        "allowPrivilegeEscalation": False,  # no_new_privs: bwrap is not setuid, user NS allowed
+        "capabilities": {"add": ["SYS_ADMIN"], "drop": ["NET_RAW"]},
+        "runAsUser": 0,
+        "seccompProfile": {"type": "Unconfined"},
+        "appArmorProfile": {"type": "Unconfined"},
+    }
+    assert sandboxed["env"] == [*default["env"], {"name": "DOCKYARD_REQUIRE_SANDBOX",
+                                                  "value": "1"}]
+    # Everything else is the default pod's.
+    assert {**sandboxed, "securityContext": None, "env": None} == {
+        **default, "securityContext": None, "env": None}
+    # The default grants none of it.
+    assert default["securityContext"] == {"allowPrivilegeEscalation": False,
+                                          "capabilities": {"drop": ["NET_RAW"]}}
+    assert not SANDBOX_KEYS & set(default["securityContext"])
+    assert all(e["name"] != "DOCKYARD_REQUIRE_SANDBOX" for e in default["env"])
+    pod = pod_manifest(PodSettings(carrier_image=carrier, sandbox=True), "p", "j", "i", "n")
+    assert roundtrip(pod) == pod  # every field is one the client's V1SecurityContext knows
+
+
+def test_sandbox_pods_do_not_share_mutable_parts() -> None:
+    first = pod_template(PodSettings(sandbox=True))["spec"]["containers"][0]["securityContext"]
+    first["capabilities"]["add"].append("NET_ADMIN")
+    first["seccompProfile"]["type"] = "RuntimeDefault"
+    again = pod_template(PodSettings(sandbox=True))["spec"]["containers"][0]["securityContext"]
+    assert again["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert again["seccompProfile"] == {"type": "Unconfined"}
+
+
+def test_sandbox_runs_the_executor_as_root_only() -> None:
+    assert PodSettings(sandbox=True, run_as_user=0).sandbox
+    with pytest.raises(ValueError, match="root"):
+        PodSettings(sandbox=True, run_as_user=10001)
+
+
+def test_sandbox_from_env_and_flag() -> None:
+    from sandbox_client.provisioner.cli import build_parser, settings_from_args
+
+    env = {"DOCKYARD_JOB_ID": "run-1"}
+    assert ProvisionerSettings.from_env(env).pod.sandbox is False
+    for raw, expected in (("1", True), ("true", True), ("0", False), ("", False)):
+        settings = ProvisionerSettings.from_env({**env, "DOCKYARD_POD_SANDBOX": raw})
+        assert settings.pod.sandbox is expected, raw
+    with pytest.raises(ValueError, match="DOCKYARD_POD_SANDBOX"):
+        ProvisionerSettings.from_env({**env, "DOCKYARD_POD_SANDBOX": "maybe"})
+
+    def parsed(*flags: str, **extra: str) -> bool:
+        args = build_parser().parse_args(["provision", "--job", "j", "--count", "1", *flags])
+        return settings_from_args(args, {**env, **extra}).pod.sandbox
+
+    assert parsed() is False
+    assert parsed("--sandbox") is True
+    assert parsed(DOCKYARD_POD_SANDBOX="1") is True
+    assert parsed("--no-sandbox", DOCKYARD_POD_SANDBOX="1") is False
