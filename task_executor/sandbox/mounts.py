@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .programs import host_program
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
@@ -81,7 +83,9 @@ def _check(result: int, what: str) -> int:
 
 def _user_namespace(uid: int) -> int:
     """An fd of a user namespace mapping 0 to ``uid`` (held by a short-lived ``sleep``)."""
-    holder = subprocess.Popen(["unshare", "--user", "sleep", "30"], stdin=subprocess.DEVNULL,
+    holder = subprocess.Popen([host_program("unshare") or "/usr/bin/unshare", "--user",
+                               host_program("sleep") or "/bin/sleep", "30"],
+                              stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         own = os.readlink("/proc/self/ns/user")
