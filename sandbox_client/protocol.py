@@ -7,12 +7,17 @@ Requests forbid unknown fields (a typo fails loudly with 422 instead of being ig
 allow them, so an older client keeps working against a newer executor that added a field.
 SWE-bench spellings (``instance_id``, ``model_patch``, ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, test
 lists stored as JSON-encoded strings) are accepted on input; output always uses the Dockyard names.
+
+``template_key`` is here too: the client routes by it and the executor keys its templates with it,
+so the two can never derive it differently.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -75,6 +80,42 @@ ShellText = Annotated[str, AfterValidator(_no_nul)]
 """Text that becomes a process argument: no NUL bytes."""
 EnvMapping = Annotated[dict[str, str], AfterValidator(_env_mapping)]
 """Environment variables: shell-identifier names, values without NUL bytes."""
+
+
+_FULL_SHA = re.compile(r"^(?:[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")
+_REPEATED_SLASHES = re.compile(r"/{2,}")
+
+
+def normalize_repo(repo: str) -> str:
+    """``repo`` as text can tell which mirror the executor makes of it.
+
+    A git URL is kept as given (the executor's mirror cache keys URLs verbatim). A local path loses
+    what ``Path.resolve`` would remove without looking at the disk: repeated slashes, ``.``
+    components, a trailing slash. ``..``, ``~`` and symlinks are left alone: only the executor's
+    filesystem can resolve them, and merging two spellings that resolve apart would share a
+    template between two repositories.
+    """
+    if not repo.startswith("/"):
+        return repo  # a URL (or a relative path, which the executor refuses anyway)
+    parts = [part for part in _REPEATED_SLASHES.sub("/", repo).split("/") if part not in ("", ".")]
+    return "/" + "/".join(parts)
+
+
+def template_key(
+    repo: str, base_commit: str, setup: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> str:
+    """The key of the template (repository at a commit, setup done) a task or session needs.
+
+    The client ranks executors by it; the executor keys its template cache with it, fed with the
+    source its mirror cache resolved and the full commit sha it found. The two agree whenever the
+    request names an absolute path without symlinks (or a URL) and a full commit sha, as SWE-bench
+    records do; a branch name or a symlinked path still routes every rollout of a group alike.
+    """
+    commit = base_commit.lower() if _FULL_SHA.match(base_commit) else base_commit
+    material = json.dumps(
+        [normalize_repo(repo), commit, list(setup), sorted((env or {}).items())]
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 
 class _Request(BaseModel):
@@ -212,6 +253,12 @@ class TaskResult(_Response):
     error: str | None = Field(default=None, description="Why there is no verdict, if so.")
     error_code: str | None = Field(
         default=None, description="Machine-readable reason for execution_error or timeout."
+    )
+    template_hit: bool | None = Field(
+        default=None,
+        description="True: the template (repository at the commit, setup done) was reused, "
+        "ready or being built by another request; false: this grading built it; null: this "
+        "executor keeps no templates (git-clone mode).",
     )
 
 

@@ -5,15 +5,16 @@ What is counted where:
 * requests by method, route and status, and their latency -- in an ``after_request`` hook; the
   route label is the URL rule (``/session/<session_id>/exec``), never the raw path, so session ids
   cannot explode the label set;
-* gradings by final status and source (``submit`` or ``finish``), their duration and per-phase
+* gradings by final status and source (``submit`` or ``finish``), by whether their template was
+  reused or built for them (the result's ``template_hit``), their duration and per-phase
   durations -- ``observe_grading``, called by the routes (the submit route alone knows whether
   the verdict was graded or replayed from the idempotency registry);
 * session commands, their timeouts and truncated outputs -- ``observe_exec``, called by the
   ``exec`` route with the result it answers (not parsed back from the answer's JSON: ``exec`` is
   the hot path);
 * live state (tasks running, sessions, capacities, draining, processes the reaper killed,
-  template cache hits, misses and disk) -- read at scrape time by a collector, so it can never
-  drift from the truth.
+  template cache hits, misses, builds and disk) -- read at scrape time by a collector, so it can
+  never drift from the truth.
 
 Histograms and counters live in a private ``CollectorRegistry`` (not the global one), so several
 apps in one process -- the test-suite -- never share or clash.
@@ -79,6 +80,12 @@ class ExecutorMetrics:
             ["status", "source"],
             registry=self.registry,
         )
+        self.grading_templates = Counter(
+            "dockyard_grading_templates",
+            "Gradings by whether their template was reused or built for them (template_hit).",
+            ["template", "source"],
+            registry=self.registry,
+        )
         self.grading_seconds = Histogram(
             "dockyard_grading_duration_seconds",
             "Wall time of one grading, checkout to cleanup.",
@@ -116,6 +123,9 @@ class ExecutorMetrics:
 
     def observe_grading(self, result: TaskResult, source: str) -> None:
         self.tasks.labels(result.status, source).inc()
+        if result.template_hit is not None:
+            template = "reused" if result.template_hit else "built"
+            self.grading_templates.labels(template, source).inc()
         self.grading_seconds.labels(source).observe(result.duration_s)
         if result.phases is not None:
             for phase, seconds in result.phases.model_dump().items():
@@ -171,6 +181,11 @@ class _LiveState(Collector):
                 "dockyard_template_cache_misses",
                 "Templates that had to be prepared.",
                 stats.get("misses", 0),
+            )
+            yield _counter(
+                "dockyard_template_builds",
+                "Templates built (clone, checkout and setup) to completion.",
+                stats.get("builds", 0),
             )
             yield _gauge(
                 "dockyard_template_disk_bytes",

@@ -1,7 +1,10 @@
 """Templates: a repository at a commit with its setup done, prepared once and shared read-only.
 
-A template is keyed by (repository, commit, setup commands). The first request for a key builds
-it; concurrent requests for the same key wait for that one build instead of starting their own.
+A template is keyed by (repository, commit, setup commands, environment), hashed by the protocol's
+``template_key`` from the mirror cache's source and the full commit sha, so the key is the one a
+client routes by whenever the request names a full sha. The first request for a key builds it;
+concurrent requests for the same key wait for that one build instead of starting their own.
+``last_acquire_hit`` tells the caller whether its acquire found the template or built it.
 Workspaces hold their template (``acquire`` / ``release``), and eviction (least recently used,
 under a disk budget) never removes a template that is held.
 
@@ -11,8 +14,6 @@ setup bakes in (editable installs, virtualenv scripts) are the paths every works
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox_client.protocol import template_key
 from task_executor.errors import ExecutorError
 
 from .artifacts import setup_artifacts
@@ -53,12 +55,6 @@ class Template:
         return self.root / "tree"
 
 
-def template_key(mirror: Path, commit: str, setup: list[str], env: dict[str, str]) -> str:
-    # The mirror's path stands for the repository: one mirror per normalized source.
-    material = json.dumps([str(mirror), commit, setup, sorted(env.items())])
-    return hashlib.sha256(material.encode()).hexdigest()[:24]
-
-
 class TemplateCache:
     """Templates under ``root``, built with ``run_setup``, evicted under ``budget_bytes``."""
 
@@ -74,14 +70,18 @@ class TemplateCache:
         self.hits = 0
         self.misses = 0
         self.builds = 0
+        self._acquired = threading.local()
         root.mkdir(parents=True, exist_ok=True)
         # Templates from an earlier run are not trusted: their build may have been cut short.
         for leftover in root.iterdir():
             remove_tree(leftover)
 
     def acquire(self, repo: str, commit: str, setup: list[str], env: dict[str, str]) -> Template:
+        self._acquired.hit = None
         mirror, sha = self.mirrors.resolve(repo, commit)
-        key = template_key(mirror, sha, setup, env)
+        # The source (one mirror per source) and the sha the mirror holds, not the request's
+        # spelling: two names for one commit share a template, a moved branch gets a new one.
+        key = template_key(self.mirrors.source_of(repo), sha, setup, env)
         with self._lock:
             template = self._templates.get(key)
             builder = template is None or template.error is not None
@@ -93,6 +93,7 @@ class TemplateCache:
                 self.hits += 1
             assert template is not None
             template.leases += 1
+        self._acquired.hit = not builder
         if builder:
             self._build(template, setup, env)
         else:
@@ -102,6 +103,12 @@ class TemplateCache:
             raise template.error
         template.last_used = time.monotonic()
         return template
+
+    def last_acquire_hit(self) -> bool | None:
+        """Whether this thread's latest ``acquire`` reused its template (True) or built it
+        (False); None before any. Per thread, because ``acquire`` returns the shared template and
+        a workspace is made in the thread that asked for it."""
+        return getattr(self._acquired, "hit", None)
 
     def release(self, template: Template) -> None:
         with self._lock:

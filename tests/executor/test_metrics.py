@@ -105,6 +105,23 @@ def test_metrics_move_with_gradings_sessions_and_commands(executor, demo_task):
     assert value(after, "dockyard_draining") == 0
 
 
+def test_gradings_say_whether_their_template_was_built_or_reused(executor, demo_task):
+    before = scrape(executor)
+    results = [
+        executor.submit(demo_task.request(task_id, demo_task.gold_patch)).json()
+        for task_id in ("template-first", "template-second")
+    ]
+    after = scrape(executor)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert [r["template_hit"] for r in results] == [False, True]
+    assert moved("dockyard_grading_templates_total", template="built", source="submit") == 1
+    assert moved("dockyard_grading_templates_total", template="reused", source="submit") == 1
+    assert moved("dockyard_template_builds_total") == 1
+
+
 def test_unmatched_paths_share_one_label(executor):
     before = scrape(executor)
     for path in ("/nope/1", "/nope/2", "/session/x/y/z"):
@@ -123,7 +140,7 @@ class _Templates:
     def stats(self) -> dict[str, int]:
         if self.fail:
             raise OSError("disk went away")
-        return {"hits": 7, "misses": 2, "disk_bytes": 4096, "templates": 2}
+        return {"hits": 7, "misses": 2, "builds": 2, "disk_bytes": 4096, "templates": 2}
 
 
 def _services(templates: object | None) -> SimpleNamespace:
@@ -139,6 +156,7 @@ def test_template_cache_stats_are_reported_when_there_is_a_cache(caplog):
     with_cache = parse(ExecutorMetrics(_services(_Templates()), dict).exposition().decode())
     assert value(with_cache, "dockyard_template_cache_hits_total") == 7
     assert value(with_cache, "dockyard_template_cache_misses_total") == 2
+    assert value(with_cache, "dockyard_template_builds_total") == 2
     assert value(with_cache, "dockyard_template_disk_bytes") == 4096
     assert value(with_cache, "dockyard_templates") == 2
     assert value(with_cache, "dockyard_tasks_running") == 1

@@ -1,0 +1,49 @@
+"""The shared template key (``protocol.template_key``): what it normalizes, and that the client's
+key is the one the executor keys its template with (``template_hit`` says built or reused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sandbox_client import SandboxClient
+from sandbox_client.protocol import normalize_repo, template_key
+from task_executor.demo import DemoTask
+from tests.conftest import RunningExecutor
+
+from .conftest import FAST_ENV
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_the_key_normalizes_only_what_text_can_tell() -> None:
+    same = ["/srv/repo", "/srv//repo/", "/srv/./repo", "//srv/repo/."]
+    assert {normalize_repo(spelling) for spelling in same} == {"/srv/repo"}
+    assert normalize_repo("/srv/x/../repo") == "/srv/x/../repo"  # a symlink may sit at x
+    assert normalize_repo("https://example.com/r.git/") == "https://example.com/r.git/"
+    assert template_key("/srv/repo/", SHA.upper()) == template_key("/srv/repo", SHA)
+    assert template_key("/srv/repo", "Main") != template_key("/srv/repo", "main")
+    env_ab, env_ba = {"A": "1", "B": "2"}, {"B": "2", "A": "1"}
+    assert template_key("/r", SHA, ["x"], env_ab) == template_key("/r", SHA, ["x"], env_ba)
+    assert template_key("/r", SHA, ["x", "y"]) != template_key("/r", SHA, ["y", "x"])
+    assert template_key("/r", SHA, [], {}) == template_key("/r", SHA)
+
+
+def demo_spec(demo: DemoTask, task_id: str, **extra: Any) -> dict[str, Any]:
+    return {**demo.request(task_id, demo.gold_patch), "env": dict(FAST_ENV), **extra}
+
+
+def test_the_clients_key_is_the_key_the_executor_builds_under(
+    demo_task: DemoTask, executor: RunningExecutor
+) -> None:
+    assert Path(demo_task.repo).resolve() == Path(demo_task.repo)  # no symlink on the way
+    spec = demo_spec(demo_task, "k1", setup=["echo prepared > .prepared"])
+    key = template_key(spec["repo"], spec["base_commit"], spec["setup"], spec["env"])
+    with SandboxClient(executor.url) as client:
+        first = client.run_task(spec)
+        # Another spelling of the same path: the same key on both sides, the same template.
+        again = client.run_task({**spec, "task_id": "k2", "repo": f"{demo_task.repo}/./"})
+    assert (first.status, first.template_hit) == ("resolved", False)
+    assert (again.status, again.template_hit) == ("resolved", True)
+    built = [p.name for p in (executor.settings.base_dir / "templates").iterdir()]
+    assert built == [key]
