@@ -4,6 +4,7 @@
 for agent environments, ``SandboxClient`` for callers that manage their own pool, and the
 ``TaskExecutorError`` tree that every failure belongs to. ``run_task_safe`` and
 ``reward_from_result`` turn verdicts into rewards without ever scoring a failure as 0.
+``SandboxClient.fleet_status()`` reports each executor as ``ExecutorStatus`` (see ``routing``).
 """
 
 from .api import configure, default_client, run_task, start_session
@@ -20,6 +21,7 @@ from .errors import (
     TaskExecutorError,
 )
 from .reward import reward_from_result, run_task_safe
+from .routing import ExecutorStatus
 from .session import RemoteSession
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "ConnectionLost",
     "ExecutorBusy",
     "ExecutorRejected",
+    "ExecutorStatus",
     "ExecutorTimeout",
     "ExecutorUnreachable",
     "ProtocolError",

@@ -1,16 +1,21 @@
-"""``SandboxClient``: protocol v1 over one pooled HTTP session, round-robin over a fleet.
+"""``SandboxClient``: protocol v1 over one pooled HTTP session, placed over a fleet.
 
 Rules this module keeps (DESIGN.md, STYLE.md habit 4):
 
-* Tasks and new sessions are dealt round-robin over the executor URLs (one shared counter behind
-  a lock, so a batch from many threads spreads evenly).
-* A call moves to the next executor only when it provably never reached a server: the cause is a
-  refused or timed-out connect (``ExecutorUnreachable``). Anything that may have run stays put.
-* 429/503 mean "not taken": waited out (``Retry-After`` is the floor of a jittered exponential
-  backoff) and retried on the same executor, within a count and a time budget.
+* Tasks and new sessions are placed by ``routing.Fleet``: by default on the executors their
+  template key ranks first (so a GRPO group builds its template once), else round-robin; never on
+  an executor whose connect failed (ejected until a ``/health`` probe is answered); first where
+  there is room. Session calls stay with the executor that started the session.
+* A call moves to another executor only when it provably never reached a server (the cause is a
+  refused or timed-out connect: ``ExecutorUnreachable``) or was not taken (429/503: it spills to
+  the next in rank). When every executor in rotation answered 429/503, the call waits
+  (``Retry-After`` is the floor of a jittered exponential backoff) and starts again from its first
+  choice, within a count and a time budget. Calls pinned to one executor wait out 429/503 there.
 * A submit whose reply was lost is re-submitted with the same ``task_id`` to the same executor,
   which answers the stored verdict (or 409 ``task_in_progress`` while it still grades): the
-  tests never run twice for one task_id. Nothing else is ever replayed after a lost reply.
+  tests never run twice for one task_id while that executor lives. If it cannot be connected to
+  any more, the grading died with it and the task is placed again, elsewhere: no verdict is lost
+  to a dead executor. Nothing else is ever replayed after a lost reply.
 * Every call carries a ``(connect, read)`` timeout; calls that run tests or commands read for
   their own wall clock plus a margin.
 * Every failure leaves through ``_exchange``, the one boundary that translates requests, urllib3
@@ -23,7 +28,6 @@ import hashlib
 import itertools
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
@@ -52,7 +56,9 @@ from .protocol import (
     SessionStartSpec,
     TaskResult,
     TaskSpec,
+    template_key,
 )
+from .routing import ExecutorStatus, Fleet, Kind, backoff_delay
 from .session import RemoteSession
 
 log = logging.getLogger(__name__)
@@ -64,10 +70,18 @@ USER_AGENT = "dockyard-sandbox-client/1"
 _BUSY_STATUSES = frozenset({429, 503})
 
 
+class _GradingDied(Exception):
+    """The executor that accepted a task stopped answering connects: its grading is gone."""
+
+    def __init__(self, lost: ReplyLost) -> None:
+        super().__init__(str(lost))
+        self.lost = lost
+
+
 class SandboxClient:
     """A pooled connection to a fleet of task executors. Thread-safe; use one per process.
 
-    ``urls``, ``token``, ``timeout`` and ``config`` are resolved by
+    ``urls``, ``token``, ``timeout``, ``config``, ``routing`` and ``affinity_k`` are resolved by
     ``sandbox_client.config.resolve_config``; ``sleep`` is how the client waits between busy
     retries (tests pass a recorder).
     """
@@ -80,15 +94,24 @@ class SandboxClient:
         config: Any = None,
         *,
         task_timeout: float | None = None,
+        routing: str | None = None,
+        affinity_k: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config: ClientConfig = resolve_config(
-            urls, token, timeout, config, task_timeout=task_timeout
+            urls, token, timeout, config, task_timeout=task_timeout, routing=routing,
+            affinity_k=affinity_k,
         )
         self._sleep = sleep
         self._jitter = random.Random()
-        self._counter = itertools.count()
-        self._lock = threading.Lock()
+        self._fleet = Fleet(
+            self.config.urls,
+            routing=self.config.routing,
+            affinity_k=self.config.affinity_k,
+            probe=self._probe,
+            probe_base_s=self.config.probe_base_s,
+            probe_max_s=self.config.probe_max_s,
+        )
         self._http = requests.Session()
         # Proxy variables and .netrc are for humans; executors are called by pod IP directly.
         self._http.trust_env = False
@@ -119,67 +142,128 @@ class SandboxClient:
         self.close()
 
     def close(self) -> None:
-        """Drop pooled connections."""
+        """Stop probing ejected executors and drop pooled connections."""
+        self._fleet.close()
         self._http.close()
 
     # -- public calls -------------------------------------------------------------------------
 
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
-        """Grade one patch on the next executor; raises ``TaskExecutorError`` on failure."""
+        """Grade one patch on the executor its template is placed on; raises
+        ``TaskExecutorError`` on failure."""
         task = self.config.with_task_timeout(TaskSpec.model_validate(spec))
         body = task.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(task.timeout)
-        url, result = self._failover(lambda url: self._submit(url, task.task_id, body, read))
+        key = template_key(task.repo, task.base_commit, task.setup, task.env)
+        url, result = self._place(
+            "task", key, f"task {task.task_id}",
+            lambda url: self._submit(url, task.task_id, body, read),
+        )
         log.info("task %s: %s in %.1fs on %s", task.task_id, result.status, result.duration_s, url)
         return result
 
     def start_session(self, spec: SessionStartSpec | Mapping[str, Any]) -> RemoteSession:
-        """Open a shell session on the next executor; later calls all go to that executor."""
+        """Open a shell session where its template is placed; later calls all go there."""
         start = SessionStartSpec.model_validate(spec)
         body = start.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(None)
-        url, started = self._failover(
+        key = template_key(start.repo, start.base_commit, start.setup, start.env)
+        url, started = self._place(
+            "session", key, "session start",
             lambda url: self._call(
-                url, "POST", "/session/start", SessionStartResult, json=body, read_timeout=read
-            )
+                url, "POST", "/session/start", SessionStartResult, json=body, read_timeout=read,
+                wait_busy=False,
+            ),
         )
         log.info("session %s: started on %s", started.session_id, url)
         return RemoteSession(self, url, started, command_timeout=start.command_timeout)
 
     def health(self, url: str) -> HealthResponse:
-        """``GET /health`` of one executor (no auth needed, no retries)."""
-        return self._exchange(url, "GET", "/health", HealthResponse, self.config.read_timeout)
+        """``GET /health`` of one executor (no auth needed, no retries); its load tells the
+        client the executor's capacity."""
+        answer = self._exchange(url, "GET", "/health", HealthResponse, self.config.read_timeout)
+        self._fleet.answered(url, answer.load)
+        return answer
+
+    def fleet_status(self) -> dict[str, ExecutorStatus]:
+        """Each executor as this client sees it: healthy or ejected, requests in flight, last
+        error, ejections, failed connects, task capacity, seconds to its next probe."""
+        return self._fleet.status()
 
     def next_url(self) -> str:
-        """The executor the next task goes to (advances the shared round-robin counter)."""
-        return self.urls[self._next_turn()]
+        """The executor a round-robin placement would start from next (advances the counter)."""
+        return self.urls[self._fleet.next_turn()]
 
-    def _next_turn(self) -> int:
-        # The lock makes the shared counter's read-and-advance atomic, whatever the interpreter.
-        with self._lock:
-            return next(self._counter) % len(self.urls)
+    def _probe(self, url: str) -> Mapping[str, float]:
+        """The monitor's ``/health`` probe of an ejected executor (not counted as a call's)."""
+        read = min(self.config.read_timeout, self.config.probe_read_timeout)
+        return self._exchange(url, "GET", "/health", HealthResponse, read, account=False).load
 
     # -- retry policy -------------------------------------------------------------------------
 
-    def _failover(self, attempt: Callable[[str], T]) -> tuple[str, T]:
-        """Run ``attempt`` on the next executor, moving on only while executors are unreachable."""
-        start = self._next_turn()
-        ring = self.urls[start:] + self.urls[:start]
-        failures: list[ExecutorUnreachable] = []
-        for url in ring:
+    def _place(
+        self, kind: Kind, key: str, what: str, attempt: Callable[[str], T]
+    ) -> tuple[str, T]:
+        """Run ``attempt`` on the executor the fleet places ``key`` on, spilling to the next in
+        preference while executors are unreachable, busy or died holding the task."""
+        ranked = self._fleet.rank(key)
+        out: set[str] = set()  # unreachable, or died under this call: not tried again
+        busy: set[str] = set()  # answered 429/503 in this round
+        failures: list[TaskExecutorError] = []
+        rejected: ExecutorBusy | None = None
+        lost: ReplyLost | None = None
+        waited, rounds = 0.0, 0
+        started = time.monotonic()
+        while True:
+            # Only a call's first round waits in the client for room; later rounds have
+            # already waited out a Retry-After and go ask.
+            wait_until = started + self.config.busy_budget_s if rounds == 0 else None
+            url = self._fleet.reserve(kind, ranked, out | busy, wait_until)
+            if url is None:
+                if rejected is None or not busy:
+                    if lost is not None:
+                        raise lost
+                    raise ExecutorUnreachable(
+                        f"no executor reachable (tried {len(failures)}): "
+                        + "; ".join(str(f) for f in failures)
+                    ) from (failures[-1] if failures else None)
+                delay = self._backoff(rounds, rejected.retry_after)
+                if rounds >= self.config.busy_retries or waited + delay > self.config.busy_budget_s:
+                    raise rejected
+                log.info("%s: every executor busy (%s); retrying in %.1fs", what, rejected.code,
+                         delay)
+                self._sleep(delay)
+                waited += delay
+                rounds += 1
+                busy.clear()
+                continue
+            answer: ExecutorBusy | None = None
             try:
                 return url, attempt(url)
+            except ExecutorBusy as exc:
+                answer = rejected = exc
+                busy.add(url)
+                log.info("%s: %s answered %s; trying the next executor", what, url, exc.code)
             except ExecutorUnreachable as exc:
-                log.warning("%s unreachable (%s); trying the next executor", url, exc.message)
+                out.add(url)
                 failures.append(exc)
-        raise ExecutorUnreachable(
-            f"no executor reachable (tried {len(ring)}): " + "; ".join(str(f) for f in failures)
-        ) from failures[-1]
+                log.warning("%s: %s unreachable (%s); trying the next executor", what, url,
+                            exc.message)
+            except _GradingDied as died:
+                out.add(url)
+                lost = died.lost
+                log.warning("%s: %s died holding it (%s); placing it again", what, url,
+                            died.lost.message)
+            finally:
+                self._fleet.release(url, kind, answer is not None,
+                                    answer.retry_after if answer is not None else None)
 
     def _submit(self, url: str, task_id: str, body: dict[str, Any], read: float) -> TaskResult:
         """Submit, and after a lost reply re-submit the same task_id to the same executor."""
         lost: ReplyLost | None = None
         for attempt in range(self.config.resubmits + 1):
+            if lost is not None and not self._fleet.still_there(url):
+                raise _GradingDied(lost)
             try:
                 return self._call(
                     url,
@@ -189,6 +273,9 @@ class SandboxClient:
                     json=body,
                     read_timeout=read,
                     poll_in_progress=True,
+                    # Not taken yet: the placement may try elsewhere. Once it may be grading
+                    # here, a re-submit must wait for this executor.
+                    wait_busy=lost is not None,
                 )
             except ReplyLost as exc:
                 lost = exc
@@ -200,12 +287,12 @@ class SandboxClient:
                     attempt + 1,
                     self.config.resubmits,
                 )
-            except ExecutorUnreachable:
+            except ExecutorUnreachable as exc:
                 if lost is None:
                     raise
-                # The executor that accepted the task is gone, and the grading with it; saying
-                # "unreachable" would invite a failover of a task that did reach a server.
-                break
+                # The executor that accepted the task is gone, and the grading with it (its
+                # sandboxes die with it): grading it elsewhere cannot run it twice at once.
+                raise _GradingDied(lost) from exc
         assert lost is not None
         raise lost
 
@@ -218,9 +305,11 @@ class SandboxClient:
         *,
         read_timeout: float,
         poll_in_progress: bool = False,
+        wait_busy: bool = True,
         **send: Any,
     ) -> Any:
-        """One call on one executor, waiting out 429/503 (and 409 task_in_progress if asked)."""
+        """One call on one executor, waiting out 429/503 unless ``wait_busy`` is false (and 409
+        task_in_progress if asked)."""
         waited = 0.0
         for attempt in itertools.count():
             try:
@@ -228,7 +317,7 @@ class SandboxClient:
             except ExecutorRejected as exc:
                 busy = isinstance(exc, ExecutorBusy)
                 in_progress = poll_in_progress and exc.code == "task_in_progress"
-                if not (busy or in_progress):
+                if not (busy and wait_busy or in_progress):
                     raise
                 # A task still grading may rightly take its whole wall clock; "busy" may not.
                 budget = self.config.busy_budget_s + (0.0 if busy else read_timeout)
@@ -243,22 +332,23 @@ class SandboxClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        exponential = min(self.config.backoff_max_s, self.config.backoff_base_s * 2**attempt)
-        floor = max(retry_after or 0.0, exponential)
         # Jitter only upwards: Retry-After is a floor, and spreading the retries of a batch that
         # was turned away at once keeps it from coming back at once.
-        return floor * (1.0 + 0.25 * self._jitter.random())
+        return backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s,
+                             self._jitter, floor=retry_after or 0.0)
 
     # -- the boundary -------------------------------------------------------------------------
 
     @overload
     def _exchange(
-        self, url: str, method: str, path: str, model: type[M], read_timeout: float, **send: Any
+        self, url: str, method: str, path: str, model: type[M], read_timeout: float, *,
+        account: bool = True, **send: Any
     ) -> M: ...
 
     @overload
     def _exchange(
-        self, url: str, method: str, path: str, model: None, read_timeout: float, **send: Any
+        self, url: str, method: str, path: str, model: None, read_timeout: float, *,
+        account: bool = True, **send: Any
     ) -> requests.Response: ...
 
     def _exchange(
@@ -268,31 +358,45 @@ class SandboxClient:
         path: str,
         model: type[M] | None,
         read_timeout: float,
+        *,
+        account: bool = True,
         **send: Any,
     ) -> M | requests.Response:
         """Send one request; return the decoded answer or raise from the ``TaskExecutorError``
-        tree. The only place where foreign exceptions are translated."""
+        tree. The only place where foreign exceptions are translated, and where the fleet learns
+        what each call met (``account=False``: the monitor's probes, which it books itself)."""
         what = f"{method} {path}"
+        since = self._fleet.entered(url) if account else None
         try:
             response = self._http.request(
                 method, url + path, timeout=(self.config.connect_timeout, read_timeout), **send
             )
-            if response.status_code >= 400:
-                raise _rejection(response, url)
-            if model is None:
-                _check_digest(response, what, url)
-                return response
-            return model.model_validate_json(response.content)
-        except TaskExecutorError:
-            raise
         except requests.RequestException as exc:
-            raise _transport_error(exc, what, url) from exc
+            error = _transport_error(exc, what, url)
+            if account and isinstance(error, ExecutorUnreachable):
+                self._fleet.connect_failed(url, error.message)
+            elif account and isinstance(error, ConnectionLost):
+                self._fleet.connection_broke(url, error.message)
+            elif account:
+                self._fleet.failed(url, error.message)
+            raise error from exc
+        finally:
+            if account:
+                self._fleet.left(url)
+        if account:
+            self._fleet.answered(url, since=since)
+        if response.status_code >= 400:
+            raise _rejection(response, url)
+        if model is None:
+            _check_digest(response, what, url)
+            return response
+        try:
+            return model.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
             raise ProtocolError(
-                f"{what}: answer is not a valid {model.__name__ if model else 'body'} "
-                f"({where}: {first['msg']})",
+                f"{what}: answer is not a valid {model.__name__} ({where}: {first['msg']})",
                 url=url,
             ) from exc
 

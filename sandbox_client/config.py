@@ -6,6 +6,9 @@ the ``urls`` argument; a trainer config's ``env.code.sandbox_urls`` (nested dict
 ``DOCKYARD_SANDBOX_URLS`` environment variable (comma-separated); ``http://127.0.0.1:9090``.
 The token comes from the argument, else ``DOCKYARD_API_TOKEN``. The trainer config's
 ``env.code.task_timeout`` becomes the wall clock sent with tasks that do not set their own.
+How work is dealt (``affinity``, the default, or ``round_robin``) and over how many executors a
+template may live come from the arguments, else ``env.code.routing`` / ``env.code.affinity_k``,
+else ``DOCKYARD_ROUTING``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from .protocol import GradingSpec
@@ -21,6 +24,11 @@ from .protocol import GradingSpec
 DEFAULT_URL = "http://127.0.0.1:9090"
 URLS_ENV = "DOCKYARD_SANDBOX_URLS"
 TOKEN_ENV = "DOCKYARD_API_TOKEN"
+ROUTING_ENV = "DOCKYARD_ROUTING"
+
+Routing = Literal["affinity", "round_robin"]
+"""``affinity``: a template's tasks and sessions go to the executors its key ranks first
+(rendezvous hashing); ``round_robin``: each to the next executor in turn."""
 
 Timeout = float | tuple[float, float]
 G = TypeVar("G", bound="GradingSpec")
@@ -54,10 +62,25 @@ class ClientConfig:
     resubmits: int = 2
     #: Pooled connections kept per executor (more are opened under load, then dropped).
     pool_maxsize: int = 64
+    #: How tasks and new sessions are dealt over the executors (see ``Routing``).
+    routing: Routing = "affinity"
+    #: Executors a template lives on under affinity routing: its first ``affinity_k`` in rank,
+    #: the least busy of them taking each task; beyond them only when they are full.
+    affinity_k: int = 1
+    #: An ejected executor (its connect failed) is probed with ``GET /health`` after a jittered
+    #: backoff from ``probe_base_s`` doubling up to ``probe_max_s``, until it answers.
+    probe_base_s: float = 0.5
+    probe_max_s: float = 30.0
+    #: Read timeout of those probes (``/health`` answers within about 2 s when it can).
+    probe_read_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.urls:
             raise ValueError("ClientConfig needs at least one executor URL")
+        if self.routing not in get_args(Routing):
+            raise ValueError(f"routing must be one of {get_args(Routing)}, got {self.routing!r}")
+        if self.affinity_k < 1:
+            raise ValueError(f"affinity_k must be at least 1, got {self.affinity_k}")
         object.__setattr__(self, "urls", tuple(normalize_url(u) for u in self.urls))
 
     def run_read_timeout(self, run_s: float | None) -> float:
@@ -108,6 +131,8 @@ def resolve_config(
     config: Any = None,
     *,
     task_timeout: float | None = None,
+    routing: str | None = None,
+    affinity_k: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ClientConfig:
     """Build a ``ClientConfig`` from arguments, a trainer config and the environment.
@@ -147,5 +172,19 @@ def resolve_config(
         from_trainer = lookup(trainer, "env.code.task_timeout")
         if from_trainer is not None:
             changes["task_timeout"] = float(from_trainer)
+
+    if routing is not None:
+        changes["routing"] = routing
+    elif base is None:
+        from_trainer = lookup(trainer, "env.code.routing")
+        if from_trainer:
+            changes["routing"] = str(from_trainer)
+        elif env.get(ROUTING_ENV, "").strip():
+            changes["routing"] = env[ROUTING_ENV].strip()
+
+    if affinity_k is not None:
+        changes["affinity_k"] = int(affinity_k)
+    elif base is None and lookup(trainer, "env.code.affinity_k") is not None:
+        changes["affinity_k"] = int(lookup(trainer, "env.code.affinity_k"))
 
     return replace(base or ClientConfig(), **changes)

@@ -6,9 +6,11 @@ on loopback; ``responses`` passes those URLs through and mocks only the well-beh
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 import responses
 
 from sandbox_client import SandboxClient
+from sandbox_client.protocol import template_key
+from sandbox_client.routing import rendezvous_rank
 
 
 def task_result(task_id: str = "t-1", status: str = "resolved", **extra: Any) -> dict[str, Any]:
@@ -27,6 +31,18 @@ def task_result(task_id: str = "t-1", status: str = "resolved", **extra: Any) ->
 def task_spec(task_id: str = "t-1", **extra: Any) -> dict[str, Any]:
     """A minimal valid TaskSpec body."""
     return {"task_id": task_id, "repo": "/srv/repo", "base_commit": "abc123", **extra}
+
+
+def ranked(order: list[str], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``spec`` (default: ``task_spec()``) with an env entry that makes its template key rank
+    the executors exactly as ``order`` lists them (affinity routing tries them in that order)."""
+    base = spec if spec is not None else task_spec()
+    for salt in itertools.count():
+        env = {**base.get("env", {}), "RANK_SALT": str(salt)}
+        key = template_key(base["repo"], base["base_commit"], base.get("setup", []), env)
+        if rendezvous_rank(key, order) == order:
+            return {**base, "env": env}
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def body_of(call: Any) -> dict[str, Any]:
@@ -56,13 +72,18 @@ def mocked() -> Iterator[responses.RequestsMock]:
         yield mock
 
 
-@pytest.fixture
-def closed_port_url() -> str:
+def closed_port() -> str:
     """A loopback URL nothing listens on: connecting to it is refused."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connecting to it is refused."""
+    return closed_port()
 
 
 class RawServer:
@@ -155,6 +176,12 @@ def make_client(sleeps: Sleeps) -> Iterator[Callable[..., SandboxClient]]:
 
 # -- live executors ------------------------------------------------------------------------------
 
+
+def graded_on(caplog: pytest.LogCaptureFixture) -> Counter[str]:
+    """Executor URL of every task the client logged as graded."""
+    return Counter(rec.args[-1] for rec in caplog.records if rec.msg.startswith("task %s: %s in"))
+
+
 FAST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
@@ -183,9 +210,12 @@ def process_executors(tmp_path: Any) -> Iterator[Callable[[int], list[Any]]]:
 
     started: list[Any] = []
 
-    def start(count: int) -> list[Any]:
+    def start(count: int, port: int = 0) -> list[Any]:
+        """``count`` executors on ports of their own choosing, or one on ``port`` (to bring a
+        killed executor back at its URL)."""
+        assert port == 0 or count == 1
         workers = [
-            start_worker(len(started) + i, "127.0.0.1", 0, tmp_path / "fleet", None, 8)
+            start_worker(len(started) + i, "127.0.0.1", port, tmp_path / "fleet", None, 8)
             for i in range(count)
         ]
         started.extend(workers)

@@ -16,7 +16,7 @@ import pytest
 from sandbox_client.cli import main
 from task_executor.demo import BASE_FILES, TEST_FILES, DemoTask, diff_of
 
-from .conftest import RawServer, demo_instance
+from .conftest import RawServer, demo_instance, ranked
 
 FLAKY_TEST = (
     "import os\nimport socket\n\n\n"
@@ -124,17 +124,22 @@ def test_grade_resumes_from_its_report(
     assert json.loads(report_path.read_text())["unresolved_ids"] == ["broken", "wrong"]
 
 
-def test_grade_retries_execution_errors_on_another_executor(
+def test_grade_gets_every_verdict_past_an_executor_that_dies_on_every_request(
     grade_files: tuple[Path, Path], executor: Any, hangup_server: RawServer, tmp_path: Path
 ) -> None:
-    """The first executor takes every request and dies on it; retries land on the survivor."""
+    """The executor the instances' template ranks first takes the first request and dies on it
+    (and on the /health asked next): it is ejected, and every instance is graded on the
+    survivor at the first attempt."""
     report_path = tmp_path / "report.json"
     urls = f"{hangup_server.url},{executor.url}"
+    instances = json.loads(grade_files[0].read_text())  # one template: same repo, commit, env
+    env = ranked([hangup_server.url, executor.url], instances[0])["env"]
+    grade_files[0].write_text(json.dumps([{**record, "env": env} for record in instances]))
     assert grade(grade_files, report_path, urls, "--workers", "1") == 0
     report = json.loads(report_path.read_text())
     assert report["error_ids"] == [] and report["resolved_ids"] == ["gold"]
     attempts = [e["attempts"] for e in report["instances"].values() if e["patch_exists"]]
-    assert 2 in attempts and hangup_server.connections > 0
+    assert attempts == [1, 1, 1] and hangup_server.connections > 0
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Where executor URLs, token and timeouts come from, in order of precedence."""
+"""Where executor URLs, token, timeouts and routing come from, in order of precedence."""
 
 from __future__ import annotations
 
@@ -84,3 +84,22 @@ def test_run_read_timeout() -> None:
     assert config.run_read_timeout(5) == 15
     assert config.run_read_timeout(None) == 110
     assert ClientConfig(timeout_margin=10, task_timeout=50).run_read_timeout(None) == 60
+
+
+def test_routing_defaults_to_affinity_and_comes_from_argument_trainer_or_environment() -> None:
+    assert (resolve_config(environ={}).routing, resolve_config(environ={}).affinity_k) == (
+        "affinity", 1
+    )
+    env = {"DOCKYARD_ROUTING": "round_robin"}
+    assert resolve_config(environ=env).routing == "round_robin"
+    trainer = {"env": {"code": {"routing": "affinity", "affinity_k": 2}}}
+    config = resolve_config(config=trainer, environ=env)
+    assert (config.routing, config.affinity_k) == ("affinity", 2)
+    config = resolve_config(routing="round_robin", affinity_k=3, config=trainer, environ={})
+    assert (config.routing, config.affinity_k) == ("round_robin", 3)
+
+
+@pytest.mark.parametrize("bad", [{"routing": "random"}, {"affinity_k": 0}])
+def test_bad_routing_fails_at_construction(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        ClientConfig(**bad)  # type: ignore[arg-type]

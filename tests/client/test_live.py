@@ -1,5 +1,5 @@
 """End to end against real executors on loopback: verdicts, spreading, failover, a killed
-executor, a lost reply that must not run the tests twice, and sessions."""
+executor that costs no verdict, a lost reply that must not run the tests twice, and sessions."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sandbox_client import SandboxClient, reward_from_result, run_task_safe
 from sandbox_client.protocol import FinishResult
 from task_executor.demo import DemoTask
 
-from .conftest import FAST_ENV
+from .conftest import FAST_ENV, graded_on
 
 Executors = Callable[..., Any]
 
@@ -37,17 +37,12 @@ def test_gold_resolves_and_empty_does_not(demo_task: DemoTask, executor: Any) ->
     assert (empty.status, empty.resolved, reward_from_result(empty)) == ("unresolved", False, 0.0)
 
 
-def graded_on(caplog: pytest.LogCaptureFixture) -> Counter[str]:
-    """Executor URL of every task the client logged as graded."""
-    return Counter(rec.args[-1] for rec in caplog.records if rec.msg.startswith("task %s: %s in"))
-
-
 def test_batch_of_40_spreads_evenly_over_3_executors(
     demo_task: DemoTask, executor_factory: Executors, caplog: pytest.LogCaptureFixture
 ) -> None:
     urls = [executor_factory().url for _ in range(3)]
     caplog.set_level(logging.INFO, logger="sandbox_client.client")
-    with SandboxClient(urls) as client, ThreadPoolExecutor(8) as pool:
+    with SandboxClient(urls, routing="round_robin") as client, ThreadPoolExecutor(8) as pool:
         specs = [spec(demo_task, f"t{i}", demo_task.gold_patch) for i in range(40)]
         results = list(pool.map(client.run_task, specs))
     assert all(r.status == "resolved" for r in results)
@@ -62,7 +57,7 @@ def test_a_closed_port_in_the_fleet_costs_no_verdict(
 ) -> None:
     urls = [executor_factory().url, closed_port_url, executor_factory().url]
     caplog.set_level(logging.INFO, logger="sandbox_client.client")
-    with SandboxClient(urls) as client, ThreadPoolExecutor(4) as pool:
+    with SandboxClient(urls, routing="round_robin") as client, ThreadPoolExecutor(4) as pool:
         specs = [spec(demo_task, f"c{i}", "") for i in range(9)]
         results = list(pool.map(run_task_safe, specs, [client] * len(specs)))
     assert [r.status for r in results] == ["unresolved"] * 9
@@ -70,7 +65,9 @@ def test_a_closed_port_in_the_fleet_costs_no_verdict(
     assert graded_on(caplog) == {urls[0]: 3, urls[2]: 6}
 
 
-def test_executor_killed_mid_batch(demo_task: DemoTask, process_executors: Executors) -> None:
+def test_executor_killed_mid_batch_loses_no_verdict(
+    demo_task: DemoTask, process_executors: Executors
+) -> None:
     doomed, survivor = process_executors(2)
     specs = [spec(demo_task, f"k{i}", demo_task.gold_patch) for i in range(24)]
     finished = threading.Semaphore(0)
@@ -87,9 +84,8 @@ def test_executor_killed_mid_batch(demo_task: DemoTask, process_executors: Execu
             finished.acquire()
         doomed.process.send_signal(signal.SIGKILL)
         results = [f.result() for f in futures]  # none raises
-    statuses = Counter(r.status for r in results)
-    assert set(statuses) <= {"resolved", "execution_error"}, statuses
-    assert statuses["resolved"] >= 24 - 6  # at most the tasks in flight lost their verdict
+    # The tasks in flight on the killed executor are graded again on the survivor.
+    assert Counter(r.status for r in results) == {"resolved": 24}
 
 
 class DroppingProxy:
@@ -162,7 +158,8 @@ def test_lost_reply_does_not_run_tests_twice(
     with SandboxClient(dropping_proxy.url) as client:
         result = client.run_task(task)
     assert result.status == "resolved"
-    assert dropping_proxy.requests == 2  # submit, then the same task_id again
+    # The submit, the /health that says the executor is still there, the same task_id again.
+    assert dropping_proxy.requests == 3
     assert counter.count == 1  # graded once
 
 

@@ -1,4 +1,5 @@
-"""Round-robin: a batch from many threads spreads evenly; sessions stay with their executor."""
+"""Round-robin routing (an option; affinity is the default): a batch from many threads spreads
+evenly; sessions stay with their executor."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_300_tasks_over_3_urls_from_16_threads(
 
     for url in URLS:
         mocked.add_callback(responses.POST, f"{url}/task/submit", callback=answer)
-    client = make_client(URLS)
+    client = make_client(URLS, routing="round_robin")
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(client.run_task, [task_spec(f"t-{i}") for i in range(300)]))
     assert [r.task_id for r in results] == [f"t-{i}" for i in range(300)]
@@ -53,7 +54,7 @@ def test_session_calls_go_to_the_owning_executor(
         start = {"session_id": f"s{i}", "workdir": "/w", "base_commit": "abc"}
         mocked.post(f"{url}/session/start", json=start)
         mocked.post(f"{url}/session/s{i}/exec", json={"exit_code": 0, "output": url})
-    client = make_client(URLS)
+    client = make_client(URLS, routing="round_robin")
     sessions = [client.start_session({"repo": "/r", "base_commit": "abc"}) for _ in URLS]
     assert [s.url for s in sessions] == URLS
     # Interleave calls; each must still land on its own executor.

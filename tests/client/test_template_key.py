@@ -1,8 +1,11 @@
-"""The shared template key (``protocol.template_key``): what it normalizes, and that the client's
-key is the one the executor keys its template with (``template_hit`` says built or reused)."""
+"""The shared template key (``protocol.template_key``): what it normalizes, that the client's key
+is the one the executor keys its template with, and that affinity builds a GRPO group's template
+once where round-robin builds it on every executor (``template_hit``, ``/metrics``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +13,11 @@ from sandbox_client import SandboxClient
 from sandbox_client.protocol import normalize_repo, template_key
 from task_executor.demo import DemoTask
 from tests.conftest import RunningExecutor
+from tests.executor.test_metrics import scrape, value
 
-from .conftest import FAST_ENV
+from .conftest import FAST_ENV, ranked
 
+Executors = Callable[..., RunningExecutor]
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -47,3 +52,34 @@ def test_the_clients_key_is_the_key_the_executor_builds_under(
     assert (again.status, again.template_hit) == ("resolved", True)
     built = [p.name for p in (executor.settings.base_dir / "templates").iterdir()]
     assert built == [key]
+
+
+def builds(executors: list[RunningExecutor]) -> float:
+    return sum(value(scrape(e), "dockyard_template_builds_total") for e in executors)
+
+
+def grade_group(client: SandboxClient, group: dict[str, Any], rollouts: int) -> list[Any]:
+    """All rollouts of one task at once, as a GRPO step submits them."""
+    specs = [{**group, "task_id": f"{group['task_id']}-r{r}"} for r in range(rollouts)]
+    with ThreadPoolExecutor(rollouts) as pool:
+        return list(pool.map(client.run_task, specs))
+
+
+def test_affinity_builds_a_groups_template_once_round_robin_on_every_executor(
+    demo_task: DemoTask, executor_factory: Executors
+) -> None:
+    executors = [executor_factory() for _ in range(3)]
+    urls = [e.url for e in executors]
+    with SandboxClient(urls) as client:
+        results = grade_group(client, ranked(urls, demo_spec(demo_task, "aff")), rollouts=4)
+    assert [r.status for r in results] == ["resolved"] * 4
+    assert sorted(r.template_hit for r in results) == [False, True, True, True]
+    assert builds(executors) == 1
+
+    with SandboxClient(urls, routing="round_robin") as client:
+        # Another template (another env), dealt in turn: each executor builds its own copy.
+        group = demo_spec(demo_task, "rr", env={**FAST_ENV, "GROUP": "rr"})
+        results = grade_group(client, group, rollouts=4)
+    assert [r.status for r in results] == ["resolved"] * 4
+    assert sorted(r.template_hit for r in results) == [False, False, False, True]
+    assert builds(executors) == 1 + 3
