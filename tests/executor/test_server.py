@@ -81,9 +81,12 @@ def get(connection: http.client.HTTPConnection, path: str = "/") -> str:
 def test_sequential_requests_stay_on_the_thread_that_went_idle_last(tmp_path: Path) -> None:
     # waitress's own dispatcher wakes the thread idle the longest: 30 requests one after the
     # other went round all 8 threads, each one cold.
+    # On a loaded machine the next request can arrive before the worker that answered the last
+    # one is back in the idle queue, and then another thread takes it: a few threads, never all
+    # (waitress's FIFO wake used every one of the 8).
     with serving(thread_name_app, tmp_path) as connection:
         served_by = {get(connection) for _ in range(30)}
-    assert len(served_by) <= 2, served_by
+    assert len(served_by) <= THREADS // 2, served_by
 
 
 def test_concurrent_requests_still_get_every_thread(tmp_path: Path) -> None:
