@@ -191,7 +191,8 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
         else:
             probe = scratch / "bind-probe"
             probe.mkdir()
-            os.chown(probe, uid, uid) if root else None
+            if root:
+                os.chown(probe, uid, uid)
             ok, why = _bwrap_probe(bwrap, uid, probe, [])
             if not ok:
                 blocked = searchable_by_others(probe)

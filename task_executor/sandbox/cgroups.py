@@ -84,16 +84,6 @@ class Group:
                 found.update(int(line) for line in Path(name).read_text().split())
         return found
 
-    def current(self, controller: str) -> int | None:
-        directory = self.directories.get(controller)
-        name = {"pids": "pids.current", "memory": "memory.usage_in_bytes"}[controller]
-        if directory is not None and not (directory / name).exists():
-            name = "memory.current"
-        try:
-            return int((directory / name).read_text()) if directory is not None else None
-        except (OSError, ValueError):
-            return None
-
     def kill_all(self, timeout: float = 5.0) -> int:
         """SIGKILL every process in the group until it is empty; how many were signalled."""
         killed = 0

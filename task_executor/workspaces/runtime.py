@@ -12,15 +12,12 @@ installed by setup is there for every workspace, copied by none).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
 
 from task_executor.sandbox.isolation import Bind
 from task_executor.sandbox.mounts import bind_idmapped, mount_overlay, unmount
-
-from .fsutil import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +72,6 @@ class RuntimeLayers:
     def unmount(self, holder: Path) -> None:
         for directory in self.directories:
             unmount(holder / "runtime-mnt" / _slug(directory))
-
-    def close(self) -> None:
-        for base in self._bases.values():
-            unmount(base)
-            with contextlib.suppress(OSError):
-                base.rmdir()
-        remove_tree(self.root) if not any(self.root.iterdir()) else None
 
 
 def _owner_of(path: Path) -> tuple[int, int]:

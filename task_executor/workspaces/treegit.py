@@ -15,7 +15,6 @@ file API.
 
 from __future__ import annotations
 
-import shlex
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -126,6 +125,3 @@ def literal_pathspecs(paths: list[str]) -> bytes:
     """NUL-separated ``:(literal)`` pathspecs, for ``xargs -0`` (names may hold anything)."""
     return b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in paths)
 
-
-def quoted(*words: str) -> str:
-    return " ".join(shlex.quote(word) for word in words)

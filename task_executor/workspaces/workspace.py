@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -436,17 +436,6 @@ class WorkspaceFactory:
                  "{}", "+"],
                 check=True, stdin=subprocess.DEVNULL, capture_output=True,
             )
-
-    def hand_over_paths(self, workspace: Workspace, relative_paths: Iterable[str]) -> None:
-        """Give files the executor wrote (patches, uploads) and their new parents to the uid."""
-        if self.sandbox.owner is None:
-            return
-        for relative in relative_paths:
-            target = workspace.path / relative
-            while target != workspace.path and workspace.path in target.parents:
-                if target.exists() or target.is_symlink():
-                    self.hand_over(target)
-                target = target.parent
 
     def template_setup(self, tree: Path, setup: list[str], env: dict[str, str]) -> None:
         """Setup of a template, run with the template at the fixed path (see templates.py).
