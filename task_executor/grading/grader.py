@@ -23,7 +23,7 @@ from task_executor.sandbox.command import CommandOutcome, run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
 from .diffs import split_patch
-from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
+from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
 from .results import ReportedTests, exit_status_conflict, read_report
 
 log = logging.getLogger(__name__)
@@ -210,16 +210,14 @@ class Grader:
 
         mark = time.monotonic()
         try:
-            agent = apply_agent_patch(workspace, job.patch)
-        except PatchFailed as exc:
+            agent = apply_patches(workspace, job.patch, job.spec.test_patch)
+        except AgentPatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
+        except TestPatchFailed as exc:
+            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
-        try:
-            force_apply_test_patch(workspace, job.spec.test_patch)
-        except PatchFailed as exc:
-            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
         # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 

@@ -435,7 +435,9 @@ def test_the_sandbox_init_does_not_name_the_base_dir(executor, demo_task):
 
 def _templates_are_clean(executor: RunningExecutor, demo_task) -> None:
     base_dir = executor.settings.base_dir
-    planted = [p for p in base_dir.rglob("conftest.py") if "/work/" not in str(p)]
+    # Not in work/ (live trees) nor in view/ (the host, read-only, as sandboxes see it).
+    planted = [p for top in base_dir.iterdir() if top.name not in ("work", "view")
+               for p in ([top] if top.name == "conftest.py" else top.rglob("conftest.py"))]
     assert planted == []
     for tree in (base_dir / "templates").glob("*/tree"):
         assert (tree / "calc" / "__init__.py").read_text() == BASE_FILES["calc/__init__.py"]
@@ -912,3 +914,41 @@ def test_a_vanished_sibling_of_the_base_dir_does_not_break_the_sandbox(outside_t
     answer = executor.post("/session/start", json={"repo": demo_task.repo,
                                                    "base_commit": demo_task.base_commit})
     assert answer.status_code == 200, answer.text
+
+
+def _holders_seen_by_bwraps(work: str) -> list[set[str]]:
+    """For every bubblewrap process whose mount table shows workspaces under ``work``: which."""
+    seen = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != "bwrap":
+                continue
+            table = (proc / "mountinfo").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        holders = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)", table))
+        if holders:
+            seen.append(holders)
+    return seen
+
+
+def test_sandboxes_start_from_a_mount_table_with_their_own_workspace_only(executor, demo_task):
+    # Each workspace's sandboxes start from a launch namespace of its own (the host, the host
+    # view and that workspace's mounts): bubblewrap copies and rereads the table it starts from
+    # on every launch, so started from the executor's table (every live workspace's tmpfs,
+    # overlay and runtime overlays) a launch got slower with every live session. bwrap's
+    # monitor process stays in the namespace it started in: its table shows what it copied.
+    sandbox = _require_sandbox(executor)
+    assert "launch_namespace" not in sandbox["missing"] and "host_view" not in sandbox["missing"]
+    work = str((executor.settings.base_dir / "work").resolve())
+    sessions = [_start(executor, demo_task) for _ in range(4)]
+    host_side = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)",
+                               Path("/proc/self/mountinfo").read_text()))
+    assert len(host_side) == 4  # the executor's own table has them all
+    seen = _holders_seen_by_bwraps(work)
+    assert len(seen) >= 4, seen
+    assert all(len(holders) == 1 for holders in seen), seen
+    assert set().union(*seen) == host_side
+    for session_id in sessions:
+        assert executor.delete(f"/session/{session_id}").status_code == 200
+    assert executor.work_dirs() == []
