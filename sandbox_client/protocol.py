@@ -32,6 +32,12 @@ from pydantic import (
 
 PROTOCOL_VERSION = 1
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""Request header naming one logical submission (``/task/submit``, ``finish``): a retry of that
+call sends it again and gets the stored answer; a call without it always grades afresh."""
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Response header (``true``) on an answer replayed for a retry."""
+
 TaskStatus = Literal["resolved", "unresolved", "patch_apply_failed", "timeout", "execution_error"]
 """Final status of one grading. Only ``execution_error`` means "no verdict"."""
 

@@ -10,8 +10,9 @@ An instance is
   evidence against the instance, so it is reported apart and left out of the allowlist);
 * ``ok`` otherwise: these ids form the allowlist.
 
-Each repeat has its own task_id: the executor answers a repeated (task_id, request) from its
-result store, which would hide exactly the flakiness this looks for.
+Every repeat is a call of its own (its own task_id, for the logs, and its own Idempotency-Key),
+so the executor grades each afresh: a stored verdict would hide exactly the flakiness this looks
+for. Only a repeat's own retries after a lost reply are answered from the executor's store.
 """
 
 from __future__ import annotations

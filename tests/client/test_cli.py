@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,25 @@ def test_preflight_flags_vacuous_flaky_and_errors(
     assert "unknown_repo" in checks["no-repo"]["errors"][0]
     out = capsys.readouterr().out
     assert "1 ok, 2 vacuous, 1 flaky, 1 error" in out
+
+
+def test_preflight_twice_grades_every_repeat_both_times(
+    demo_task: DemoTask, process_executors: Any, tmp_path: Path
+) -> None:
+    """A byte-identical grading is not a retry: a second preflight must run the tests again,
+    or it could never find a flaky test (nor could a regrade after a deleted report)."""
+    (worker,) = process_executors(1)
+    path = write_lines(tmp_path / "i.jsonl", [demo_instance(demo_task, "twice")])
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "sandbox_client", "preflight", "--instances", str(path),
+               "--urls", worker.url, "--repeat", "1", "--allowlist", str(tmp_path / "allow.txt")]
+    for _ in range(2):
+        run = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+    log = (tmp_path / "fleet" / f"worker-{worker.index}" / "task_executor.log").read_text()
+    graded = Counter(re.findall(r"task (twice@\S+) status=", log))
+    assert graded == {"twice@preflight-reference-0": 2, "twice@preflight-empty-0": 2}
 
 
 def test_preflight_needs_reference_patches(
