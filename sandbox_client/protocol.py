@@ -14,6 +14,8 @@ so the two can never derive it differently.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -28,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 PROTOCOL_VERSION = 1
@@ -63,6 +66,16 @@ def _json_list(value: Any) -> Any:
 
 
 TestIdList = Annotated[list[str], BeforeValidator(_json_list)]
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be a JSON string: no lone surrogates (what ``surrogateescape`` makes
+    of bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_nul(value: str) -> str:
@@ -198,6 +211,13 @@ class TaskSpec(GradingSpec):
         validation_alias=AliasChoices("patch", "model_patch"),
         description="The agent's patch (unified diff); may be empty.",
     )
+    patch_base64: str | None = Field(
+        default=None,
+        description="The agent's patch as base64 of its exact bytes, instead of `patch`: for a "
+        "diff that is not UTF-8 (latin-1 contents, file names that are not UTF-8), which no "
+        "JSON string can hold. (GIT binary patches in `patch`, as finish captures them, carry "
+        "such bytes too.)",
+    )
     setup: list[ShellText] = Field(
         default_factory=list,
         description="Shell commands that prepare the environment, run at base_commit.",
@@ -205,6 +225,45 @@ class TaskSpec(GradingSpec):
     env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for setup and tests."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _raw_patch_as_base64(cls, data: Any) -> Any:
+        # A patch handed over as bytes, or as text that holds bytes decoded with surrogateescape,
+        # goes as patch_base64: as a JSON string it would be refused (or lose those bytes).
+        if not isinstance(data, dict) or "patch_base64" in data:
+            return data
+        for name in ("patch", "model_patch"):
+            value = data.get(name)
+            if isinstance(value, str) and not is_utf8(value):
+                value = value.encode("utf-8", "surrogateescape")
+            if isinstance(value, bytes):
+                rest = {key: item for key, item in data.items() if key != name}
+                return {**rest, "patch_base64": base64.b64encode(value).decode("ascii")}
+        return data
+
+    @field_validator("patch_base64")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                base64.b64decode(value.encode("ascii"), validate=True)
+            except (UnicodeEncodeError, binascii.Error) as exc:
+                raise ValueError(f"not base64 ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_patch(self) -> TaskSpec:
+        if self.patch_base64 is not None and self.patch:
+            raise ValueError("give patch or patch_base64, not both")
+        return self
+
+    def patch_text(self) -> str:
+        """The agent's patch as the executor handles patches: text in which every byte that is
+        not UTF-8 is kept as a lone surrogate (``surrogateescape``)."""
+        if self.patch_base64 is None:
+            return self.patch
+        return base64.b64decode(self.patch_base64).decode("utf-8", "surrogateescape")
 
 
 class PhaseTimings(_Response):

@@ -54,7 +54,7 @@ class GradingJob:
             task_id=spec.task_id,
             repo=spec.repo,
             base_commit=spec.base_commit,
-            patch=spec.patch,
+            patch=spec.patch_text(),
             spec=spec,
             setup=list(spec.setup),
             env=dict(spec.env),
