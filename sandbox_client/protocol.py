@@ -44,8 +44,14 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 TaskStatus = Literal["resolved", "unresolved", "patch_apply_failed", "timeout", "execution_error"]
 """Final status of one grading. Only ``execution_error`` means "no verdict"."""
 
-TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING"]
-"""State of one test in a grading; MISSING means the test never reported a result."""
+TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING", "XFAIL"]
+"""State of one test in a grading; MISSING means the test never reported a result. XFAIL (an
+expected failure) appears only under SWE-bench's rules; strict rules say PASSED for a declared
+xfail and SKIPPED for one the code under test called."""
+
+Rules = Literal["strict", "swebench"]
+"""How test states add up to a verdict: Dockyard's (strict: every required test PASSED) or the
+SWE-bench harness's (skipped PASS_TO_PASS tests maintained, XFAIL a pass)."""
 
 LogParser = Literal["pytest", "django", "unittest"]
 """Which test framework's results to collect."""
@@ -188,6 +194,12 @@ class GradingSpec(_Request):
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Wall clock for the task in seconds."
     )
+    rules: Rules | None = Field(
+        default=None,
+        description="How test states make the verdict; null: `strict` (every required test "
+        "PASSED). `swebench`: the SWE-bench harness's get_eval_tests_report and resolution "
+        "(a skipped PASS_TO_PASS test is maintained, XFAIL passes), for comparable evaluations.",
+    )
     deny_network: bool | None = Field(
         default=None,
         description="Run the tests without network (loopback only); null: the executor's "
@@ -325,6 +337,7 @@ class TaskResult(_Response):
         "ready or being built by another request; false: this grading built it; null: this "
         "executor keeps no templates (git-clone mode).",
     )
+    rules: Rules = Field(default="strict", description="The rules the verdict was made by.")
 
 
 class SandboxLimit(_Response):

@@ -88,6 +88,7 @@ def run_preflight(
     max_error_retries: int = 2,
     timeout: float | None = None,
     progress: Progress | None = None,
+    rules: str = "strict",
 ) -> list[InstanceCheck]:
     """Grade reference and empty patches ``repeat`` times per instance; judge each instance."""
     no_reference = [iid for iid, inst in instances.items() if not (inst.get("patch") or "")]
@@ -100,7 +101,8 @@ def run_preflight(
             patch = instance["patch"] if kind == "reference" else ""
             for round_ in range(repeat):
                 task_id = f"{iid}@preflight-{kind}-{round_}"
-                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout)
+                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout,
+                                 rules=rules)
                 jobs.append((iid, kind, spec))
     # Made up front: filling a defaultdict from several threads could lose a run.
     runs = {iid: {kind: list[TaskResult]() for kind in KINDS} for iid in instances}
