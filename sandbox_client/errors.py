@@ -9,8 +9,8 @@ so the original cause stays in the traceback. The tree says what a caller may sa
     │                                 refused, connect timeout, name resolution): safe to send
     │                                 anywhere else
     ├── ReplyLost                     the request went out but no answer came back: it may have
-    │   │                             run; only an idempotent re-submit (same task_id, same
-    │   │                             executor) is safe
+    │   │                             run; only an idempotent re-submit (same
+    │   │                             Idempotency-Key, same executor) is safe
     │   ├── ExecutorTimeout           no answer within the read timeout
     │   └── ConnectionLost            the connection broke mid-call (executor killed, reset)
     ├── ExecutorRejected              the executor answered with an error (code, status, message)

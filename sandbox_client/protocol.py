@@ -14,6 +14,8 @@ so the two can never derive it differently.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -28,15 +30,28 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 PROTOCOL_VERSION = 1
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""Request header naming one logical submission (``/task/submit``, ``finish``): a retry of that
+call sends it again and gets the stored answer; a call without it always grades afresh."""
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Response header (``true``) on an answer replayed for a retry."""
+
 TaskStatus = Literal["resolved", "unresolved", "patch_apply_failed", "timeout", "execution_error"]
 """Final status of one grading. Only ``execution_error`` means "no verdict"."""
 
-TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING"]
-"""State of one test in a grading; MISSING means the test never reported a result."""
+TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING", "XFAIL"]
+"""State of one test in a grading; MISSING means the test never reported a result. XFAIL (an
+expected failure) appears only under SWE-bench's rules; strict rules say PASSED for a declared
+xfail and SKIPPED for one the code under test called."""
+
+Rules = Literal["strict", "swebench"]
+"""How test states add up to a verdict: Dockyard's (strict: every required test PASSED) or the
+SWE-bench harness's (skipped PASS_TO_PASS tests maintained, XFAIL a pass)."""
 
 LogParser = Literal["pytest", "django", "unittest"]
 """Which test framework's results to collect."""
@@ -57,6 +72,16 @@ def _json_list(value: Any) -> Any:
 
 
 TestIdList = Annotated[list[str], BeforeValidator(_json_list)]
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be a JSON string: no lone surrogates (what ``surrogateescape`` makes
+    of bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_nul(value: str) -> str:
@@ -169,6 +194,12 @@ class GradingSpec(_Request):
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Wall clock for the task in seconds."
     )
+    rules: Rules | None = Field(
+        default=None,
+        description="How test states make the verdict; null: `strict` (every required test "
+        "PASSED). `swebench`: the SWE-bench harness's get_eval_tests_report and resolution "
+        "(a skipped PASS_TO_PASS test is maintained, XFAIL passes), for comparable evaluations.",
+    )
     deny_network: bool | None = Field(
         default=None,
         description="Run the tests without network (loopback only); null: the executor's "
@@ -192,6 +223,13 @@ class TaskSpec(GradingSpec):
         validation_alias=AliasChoices("patch", "model_patch"),
         description="The agent's patch (unified diff); may be empty.",
     )
+    patch_base64: str | None = Field(
+        default=None,
+        description="The agent's patch as base64 of its exact bytes, instead of `patch`: for a "
+        "diff that is not UTF-8 (latin-1 contents, file names that are not UTF-8), which no "
+        "JSON string can hold. (GIT binary patches in `patch`, as finish captures them, carry "
+        "such bytes too.)",
+    )
     setup: list[ShellText] = Field(
         default_factory=list,
         description="Shell commands that prepare the environment, run at base_commit.",
@@ -199,6 +237,45 @@ class TaskSpec(GradingSpec):
     env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for setup and tests."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _raw_patch_as_base64(cls, data: Any) -> Any:
+        # A patch handed over as bytes, or as text that holds bytes decoded with surrogateescape,
+        # goes as patch_base64: as a JSON string it would be refused (or lose those bytes).
+        if not isinstance(data, dict) or "patch_base64" in data:
+            return data
+        for name in ("patch", "model_patch"):
+            value = data.get(name)
+            if isinstance(value, str) and not is_utf8(value):
+                value = value.encode("utf-8", "surrogateescape")
+            if isinstance(value, bytes):
+                rest = {key: item for key, item in data.items() if key != name}
+                return {**rest, "patch_base64": base64.b64encode(value).decode("ascii")}
+        return data
+
+    @field_validator("patch_base64")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                base64.b64decode(value.encode("ascii"), validate=True)
+            except (UnicodeEncodeError, binascii.Error) as exc:
+                raise ValueError(f"not base64 ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_patch(self) -> TaskSpec:
+        if self.patch_base64 is not None and self.patch:
+            raise ValueError("give patch or patch_base64, not both")
+        return self
+
+    def patch_text(self) -> str:
+        """The agent's patch as the executor handles patches: text in which every byte that is
+        not UTF-8 is kept as a lone surrogate (``surrogateescape``)."""
+        if self.patch_base64 is None:
+            return self.patch
+        return base64.b64decode(self.patch_base64).decode("utf-8", "surrogateescape")
 
 
 class PhaseTimings(_Response):
@@ -260,6 +337,7 @@ class TaskResult(_Response):
         "ready or being built by another request; false: this grading built it; null: this "
         "executor keeps no templates (git-clone mode).",
     )
+    rules: Rules = Field(default="strict", description="The rules the verdict was made by.")
 
 
 class SandboxLimit(_Response):

@@ -80,15 +80,18 @@ def grade_predictions(
     max_error_retries: int = 2,
     timeout: float | None = None,
     progress: Progress | None = None,
+    rules: str = "strict",
 ) -> GradeReport:
-    """Grade every prediction the report does not already hold a verdict for."""
-    todo = [p for p in predictions.values() if not report.is_done(p)]
+    """Grade every prediction the report does not already hold a verdict for (by ``rules``)."""
+    todo = [p for p in predictions.values() if not report.is_done(p, rules)]
     skipped = len(predictions) - len(todo)
     if skipped:
         log.info("resuming: %d of %d instances already graded", skipped, len(predictions))
     # Build every spec before sending anything: bad input fails the run now, not at item 900.
     specs = {
-        p.instance_id: task_spec(instances[p.instance_id], p.model_patch, repos, timeout=timeout)
+        p.instance_id: task_spec(
+            instances[p.instance_id], p.model_patch, repos, timeout=timeout, rules=rules
+        )
         for p in todo
         if not p.is_empty
     }
@@ -96,7 +99,7 @@ def grade_predictions(
 
     def grade_one(prediction: Prediction) -> None:
         if prediction.is_empty:
-            entry = instance_entry(prediction, None, 0)
+            entry = instance_entry(prediction, None, 0, rules)
         else:
             result, attempts = run_with_retries(
                 client, specs[prediction.instance_id], max_error_retries

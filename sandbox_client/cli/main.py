@@ -64,6 +64,14 @@ def _add_grading_options(parser: argparse.ArgumentParser) -> None:
         help="map repo 'owner/name' with {repo}, {owner}, {name}, e.g. "
         "'https://github.com/{repo}.git'",
     )
+    parser.add_argument(
+        "--rules",
+        choices=("strict", "swebench"),
+        default="strict",
+        help="verdict rules: strict (default: every required test PASSED) or swebench (the "
+        "SWE-bench harness's: skipped PASS_TO_PASS maintained, XFAIL passes, apply failures "
+        "and timeouts are errors)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every retry")
 
 
@@ -186,6 +194,7 @@ def _grade(args: argparse.Namespace) -> int:
             workers=workers,
             max_error_retries=args.max_error_retries,
             timeout=args.timeout,
+            rules=args.rules,
         )
     s = report.summary()
     share = 100.0 * s["resolved_instances"] / max(1, s["submitted_instances"])
@@ -212,6 +221,7 @@ def _preflight(args: argparse.Namespace) -> int:
             workers=workers,
             max_error_retries=args.max_error_retries,
             timeout=args.timeout,
+            rules=args.rules,
         )
     allowed = [c.instance_id for c in checks if c.verdict == "ok"]
     args.allowlist.parent.mkdir(parents=True, exist_ok=True)

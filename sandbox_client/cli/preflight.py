@@ -10,8 +10,9 @@ An instance is
   evidence against the instance, so it is reported apart and left out of the allowlist);
 * ``ok`` otherwise: these ids form the allowlist.
 
-Each repeat has its own task_id: the executor answers a repeated (task_id, request) from its
-result store, which would hide exactly the flakiness this looks for.
+Every repeat is a call of its own (its own task_id, for the logs, and its own Idempotency-Key),
+so the executor grades each afresh: a stored verdict would hide exactly the flakiness this looks
+for. Only a repeat's own retries after a lost reply are answered from the executor's store.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def run_preflight(
     max_error_retries: int = 2,
     timeout: float | None = None,
     progress: Progress | None = None,
+    rules: str = "strict",
 ) -> list[InstanceCheck]:
     """Grade reference and empty patches ``repeat`` times per instance; judge each instance."""
     no_reference = [iid for iid, inst in instances.items() if not (inst.get("patch") or "")]
@@ -99,7 +101,8 @@ def run_preflight(
             patch = instance["patch"] if kind == "reference" else ""
             for round_ in range(repeat):
                 task_id = f"{iid}@preflight-{kind}-{round_}"
-                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout)
+                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout,
+                                 rules=rules)
                 jobs.append((iid, kind, spec))
     # Made up front: filling a defaultdict from several threads could lose a run.
     runs = {iid: {kind: list[TaskResult]() for kind in KINDS} for iid in instances}

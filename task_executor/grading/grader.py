@@ -22,6 +22,7 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import CommandOutcome, run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from . import swebench_rules
 from .diffs import split_patch
 from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
 from .results import ReportedTests, exit_status_conflict, read_report
@@ -54,7 +55,7 @@ class GradingJob:
             task_id=spec.task_id,
             repo=spec.repo,
             base_commit=spec.base_commit,
-            patch=spec.patch,
+            patch=spec.patch_text(),
             spec=spec,
             setup=list(spec.setup),
             env=dict(spec.env),
@@ -153,7 +154,8 @@ class Grader:
         deny_network = self.resolve_deny_network(job.deny_network)
         started = time.monotonic()
         timeout = job.spec.timeout or self.settings.task_timeout
-        result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
+        result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None,
+                            rules=job.spec.rules or "strict")
         phases = PhaseTimings()
         workspace: Workspace | None = None
         log_parts: list[str] = []
@@ -268,6 +270,8 @@ class Grader:
     def _judge(
         job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
     ) -> None:
+        if job.spec.rules == "swebench":
+            return _judge_swebench(job, run, outcome, result)
         required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
         tests = dict(run.states)
         for name in required:
@@ -288,6 +292,27 @@ class Grader:
         resolved = all(tests[name] == "PASSED" for name in required)
         result.status = "resolved" if resolved else "unresolved"
         result.resolved = resolved
+
+
+def _judge_swebench(
+    job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
+) -> None:
+    """SWE-bench's harness rules (``swebench_rules``): its status map, report and resolution."""
+    f2p, p2p = job.spec.fail_to_pass, job.spec.pass_to_pass
+    statuses = swebench_rules.status_map(run, [*f2p, *p2p])
+    judged = swebench_rules.judge(statuses, f2p, p2p, outcome.exit_code or 0)
+    result.tests = judged.tests  # type: ignore[assignment]
+    result.test_exit_code = outcome.exit_code
+    result.fail_to_pass = TestSplit(passed=judged.report["FAIL_TO_PASS"]["success"],
+                                    failed=judged.report["FAIL_TO_PASS"]["failure"])
+    result.pass_to_pass = TestSplit(passed=judged.report["PASS_TO_PASS"]["success"],
+                                    failed=judged.report["PASS_TO_PASS"]["failure"])
+    if outcome.timed_out:
+        raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+    if judged.problem is not None:
+        raise _Verdict("unresolved", *judged.problem)
+    result.status = "resolved" if judged.resolved else "unresolved"
+    result.resolved = judged.resolved
 
 
 def _split(names: list[str], tests: Mapping[str, str]) -> TestSplit:

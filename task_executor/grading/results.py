@@ -27,6 +27,8 @@ class ReportedTests:
 
     states: dict[str, TestState] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    xfailed: set[str] = field(default_factory=set)
+    """Tests whose outcome was an expected failure, declared or not (SWE-bench's XFAIL)."""
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -107,6 +109,8 @@ def parse_report(data: bytes) -> ReportedTests:
         elif kind == "collect":
             run.states[test_id or "<collection>"] = "ERROR"
         elif kind == "unittest":
+            if record.get("outcome") == "xfailed":
+                run.xfailed.add(test_id)
             state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")
             previous = run.states.get(test_id, "MISSING")
             if _SEVERITY[state] >= _SEVERITY[previous]:
@@ -115,6 +119,9 @@ def parse_report(data: bytes) -> ReportedTests:
                 run.aliases.setdefault(str(alias), test_id)
     for test_id, by_phase in phases.items():
         run.states[test_id] = _pytest_state(by_phase)
+        if any(phase.get("outcome") == "skipped" and phase.get("wasxfail")
+               for phase in by_phase.values()):
+            run.xfailed.add(test_id)
     return run
 
 
