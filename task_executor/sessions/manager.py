@@ -323,6 +323,7 @@ class SessionManager:
             spec=spec,
             setup=list(session.spec.setup),
             env=dict(session.spec.env),
+            deny_network=spec.deny_network,
         )
         result = self.grader.grade(job)
         result.excluded_files = sorted(set(result.excluded_files) | set(captured.excluded_files))

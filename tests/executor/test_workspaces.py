@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -144,6 +145,35 @@ def test_egress_is_denied_and_loopback_works(executor, tmp_path):
     result = executor.submit(body).json()
     assert result["status"] == "resolved", result["log"]
     assert executor.get("/health").json()["capabilities"]["deny_network_default"] is True
+
+
+@needs_egress_guard
+def test_finish_runs_the_tests_under_the_egress_it_asks_for(executor_factory, tmp_path):
+    # The session's shell may have the network (an agent installing things); the finish's own
+    # deny_network decides what the graded tests get, as a TaskSpec's does.
+    from task_executor.demo import diff_of, init_repo
+
+    repo = tmp_path / "net"
+    base = init_repo(repo, {"x.py": "X = 1\n"})
+    test_patch = diff_of(repo, {"test_net.py": (
+        "import subprocess\n"
+        "def test_only_loopback():\n"
+        "    links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True).stdout\n"
+        "    assert [l.split(':')[1].strip() for l in links.splitlines()] == ['lo']\n"
+    )})
+    executor = executor_factory(deny_network=False)
+    results = {}
+    for deny in (True, False):
+        sid = executor.post("/session/start", json={
+            "repo": str(repo), "base_commit": base, "deny_network": False}).json()["session_id"]
+        answer = executor.post(f"/session/{sid}/finish", json={
+            "test_patch": test_patch, "fail_to_pass": ["test_net.py::test_only_loopback"],
+            "deny_network": deny})
+        assert answer.status_code == 200, answer.text
+        results[deny] = answer.json()["result"]["tests"]["test_net.py::test_only_loopback"]
+    assert results[True] == "PASSED"
+    if len(os.listdir("/sys/class/net")) > 1:  # the host has more than loopback
+        assert results[False] == "FAILED"
 
 
 def test_egress_denial_fails_closed_without_the_guard(executor_factory, demo_task):
