@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import queue
 import subprocess
@@ -46,6 +47,7 @@ from .mounts import (
     unmount,
 )
 
+log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _CLONE_FS, _CLONE_NEWNS = 0x200, 0x20000
 _T = TypeVar("_T")
@@ -85,9 +87,8 @@ def _in_new_thread(work: Callable[[], _T]) -> _T:
 class MountNamespace:
     """One workspace's launch namespace, held open by an fd (closing it frees the namespace)."""
 
-    def __init__(self, fd: int, home: int) -> None:
+    def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._home = home
         self._lock = threading.Lock()  # close waits for a launch in progress
 
     def close(self) -> None:
@@ -101,7 +102,7 @@ class MountNamespace:
         with self._lock:
             if self._fd < 0:
                 raise OSError(errno.ENOENT, "the workspace's mount namespace is closed")
-            return _spawner(self._home).popen(self._fd, argv, options)
+            return _spawner().popen(self._fd, argv, options)
 
 
 class _Spawner:
@@ -114,8 +115,8 @@ class _Spawner:
     ``--die-with-parent`` is a parent-death signal, sent when the *thread* that forked it ends.
     """
 
-    def __init__(self, home: int) -> None:
-        self._home = home
+    def __init__(self) -> None:
+        self._home = _own_namespace()  # the executor's; kept for the process's life
         self._requests: queue.SimpleQueue[tuple[int, list[str], dict[str, Any], Future[Any]]]
         self._requests = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="dockyard-spawner", daemon=True).start()
@@ -136,22 +137,25 @@ class _Spawner:
                 try:
                     done.set_result(subprocess.Popen(argv, **options))
                 finally:
-                    # Never leave a thread of the executor in a workspace's namespace.
-                    _check(_libc.setns(self._home, _CLONE_NEWNS), "setns back")
+                    # Not needed for the next fork (it enters its own), but no thread of the
+                    # executor should sit in a workspace's namespace.
+                    if _libc.setns(self._home, _CLONE_NEWNS) != 0:
+                        log.error("the spawner could not return to the executor's namespace")
             except BaseException as exc:  # the caller's to handle
                 if not done.done():
                     done.set_exception(exc)
 
 
-_spawners: dict[int, _Spawner] = {}
-_spawners_lock = threading.Lock()
+_the_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
 
 
-def _spawner(home: int) -> _Spawner:
-    with _spawners_lock:
-        if home not in _spawners:
-            _spawners[home] = _Spawner(home)
-        return _spawners[home]
+def _spawner() -> _Spawner:
+    global _the_spawner
+    with _spawner_lock:
+        if _the_spawner is None:
+            _the_spawner = _Spawner()
+        return _the_spawner
 
 
 class LaunchNamespaces:
@@ -159,12 +163,7 @@ class LaunchNamespaces:
     executor makes at start (host view, runtime binds): the clean namespace copies them then."""
 
     def __init__(self) -> None:
-        self._home = _own_namespace()
-        try:
-            self._clean = _in_new_thread(self._make_clean)
-        except BaseException:
-            os.close(self._home)
-            raise
+        self._clean = _in_new_thread(self._make_clean)
 
     @staticmethod
     def _make_clean() -> int:
@@ -187,7 +186,7 @@ class LaunchNamespaces:
         except BaseException:
             unmount(holder)
             raise
-        return MountNamespace(fd, self._home)
+        return MountNamespace(fd)
 
     def _make_for(self, tree: int, holder: Path) -> int:
         _check(_libc.setns(self._clean, _CLONE_NEWNS), "setns into the clean namespace")
@@ -196,9 +195,8 @@ class LaunchNamespaces:
         return _own_namespace()
 
     def close(self) -> None:
-        for fd in (self._clean, self._home):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(self._clean)
 
 
 @dataclass(frozen=True)
