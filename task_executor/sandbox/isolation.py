@@ -39,6 +39,8 @@ from .programs import host_program
 REPORTER_MOUNT = "/run/dockyard/reporter"
 """Where code under test finds the reporter plugin (read-only; the executor's own packages are
 never on its ``sys.path``)."""
+MALLOC_TUNABLE = "glibc.malloc.mmap_threshold=65536"
+"""What bubblewrap runs with (see ``_WRAPPER``), never code under test."""
 REPO_MOUNT = "/run/dockyard/repo"
 """Where git run inside the sandbox finds the repository mirror (read-only)."""
 
@@ -120,8 +122,9 @@ class Sandbox:
             argv = [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, *options, "--"]
         else:
-            args_file = _write_args(args_dir, options)
-            argv = [*_wrapper(cgroup_files, args_file), *drop_to(uid), *rlimits,
+            args_files = (_write_args(args_dir, options),
+                          _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
+            argv = [*_wrapper(cgroup_files, args_files), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, "--args", "3", "--"]
         return Launcher(tuple(argv), namespace)
 
@@ -171,16 +174,26 @@ class Sandbox:
 # failure aborts, 125: a command must never run outside its limits), the bubblewrap options file
 # opened on fd 3 (root-only; bwrap reads and closes it), the host's PWD forgotten (bwrap's
 # environment is readable inside), then the rest: setpriv, prlimit, bwrap.
+#
+# And a malloc setting for bubblewrap: it indexes the mount table by mount id (ids are global: a
+# machine with 1,000 live sessions has ids past 100,000) in an array of 8 bytes an id, once per
+# mount it makes; glibc serves the second and later ones from the heap and keeps it, so each
+# sandbox's init process held ~0.5 MB it never used again. A fixed mmap threshold hands such
+# arrays back on free. bwrap then drops the variable (the second options file says
+# ``--unsetenv``), so code under test never sees it; a task that sets its own keeps it, and the
+# first options file (without the unset) is used.
 _WRAPPER = (
-    'a=$1; n=$2; shift 2; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
-    'n=$((n-1)); done; if [ -n "$a" ]; then exec 3< "$a" || exit 125; fi; unset PWD OLDPWD; '
-    'exec "$@"'
+    'a=$1; b=$2; n=$3; shift 3; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
+    'n=$((n-1)); done; if [ -n "$a" ]; then if [ -n "${GLIBC_TUNABLES+x}" ]; then '
+    'exec 3< "$a" || exit 125; else export GLIBC_TUNABLES=' + MALLOC_TUNABLE + '; '
+    'exec 3< "$b" || exit 125; fi; fi; unset PWD OLDPWD; exec "$@"'
 )
 
 
-def _wrapper(cgroup_files: list[str], args_file: Path | None) -> list[str]:
+def _wrapper(cgroup_files: list[str], args_files: tuple[Path, Path] | None) -> list[str]:
+    own, unsetting = args_files or ("", "")
     return [host_program("sh") or "/bin/sh", "-c", _WRAPPER, "dockyard-sandbox",
-            str(args_file or ""), str(len(cgroup_files)), *cgroup_files]
+            str(own), str(unsetting), str(len(cgroup_files)), *cgroup_files]
 
 
 def _write_args(directory: Path, options: list[str]) -> Path:

@@ -917,13 +917,15 @@ def test_a_vanished_sibling_of_the_base_dir_does_not_break_the_sandbox(outside_t
 
 
 def _holders_seen_by_bwraps(work: str) -> list[set[str]]:
-    """For every bubblewrap process whose mount table shows workspaces under ``work``: which."""
+    """For every bubblewrap this process started (the sandbox's monitor, whose namespace is the
+    one it was launched from): the workspaces under ``work`` its mount table shows."""
     seen = []
-    for proc in Path("/proc").iterdir():
+    for pid in _pids_named("bwrap"):
         try:
-            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != "bwrap":
-                continue
-            table = (proc / "mountinfo").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
+            if re.search(r"^PPid:\s+(\d+)$", status, re.M)[1] != str(os.getpid()):
+                continue  # a sandbox's init, or another process's sandbox
+            table = Path(f"/proc/{pid}/mountinfo").read_text()
         except OSError:
             continue  # gone meanwhile
         holders = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)", table))
@@ -952,3 +954,35 @@ def test_sandboxes_start_from_a_mount_table_with_their_own_workspace_only(execut
     for session_id in sessions:
         assert executor.delete(f"/session/{session_id}").status_code == 200
     assert executor.work_dirs() == []
+
+
+def test_the_launchers_malloc_setting_stays_outside_and_a_tasks_own_is_kept(executor,
+                                                                             demo_task):
+    # bubblewrap runs with GLIBC_TUNABLES (its init gives big arrays back, see isolation.py);
+    # code under test gets the task's environment exactly.
+    _require_sandbox(executor)
+    show = "echo tunables=${GLIBC_TUNABLES-unset}; echo ATTACK-DONE"
+    plain = _start(executor, demo_task)
+    assert "tunables=unset\n" in _exec(executor, plain, show)["output"]
+    own = _start(executor, demo_task, env={"GLIBC_TUNABLES": "glibc.malloc.check=0"})
+    assert "tunables=glibc.malloc.check=0\n" in _exec(executor, own, show)["output"]
+    bwrap_env = []
+    for pid in _pids_named("bwrap"):  # this executor's sandboxes' monitors
+        with contextlib.suppress(OSError):
+            if f"\nPPid:\t{os.getpid()}\n" in Path(f"/proc/{pid}/status").read_text():
+                bwrap_env.append(Path(f"/proc/{pid}/environ").read_bytes())
+    assert len(bwrap_env) >= 2
+    tunable = b"GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"
+    assert sum(tunable in env for env in bwrap_env) >= 1  # the plain session's
+    assert any(b"GLIBC_TUNABLES=glibc.malloc.check=0" in env for env in bwrap_env)
+
+
+def _pids_named(name: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == name:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
