@@ -214,6 +214,11 @@ class PhaseTimings(_Response):
     )
     apply: float = Field(default=0.0, description="Agent patch and test patch application.")
     tests: float = Field(default=0.0, description="Test command.")
+    control: float = Field(
+        default=0.0,
+        description="Running (or waiting for) the control: the tests without the agent's patch, "
+        "needed only when the run gave no consistent verdict, once per task.",
+    )
     cleanup: float = Field(default=0.0, description="Working tree removal.")
 
 
@@ -250,9 +255,20 @@ class TaskResult(_Response):
     duration_s: float = Field(default=0.0, description="Total wall time of the grading.")
     phases: PhaseTimings = Field(default_factory=PhaseTimings, description="Phase timings.")
     log: str = Field(default="", description="Tail of the setup and test output (capped).")
-    error: str | None = Field(default=None, description="Why there is no verdict, if so.")
+    error: str | None = Field(
+        default=None, description="Why there is no verdict, or why the run gave none by itself."
+    )
     error_code: str | None = Field(
-        default=None, description="Machine-readable reason for execution_error or timeout."
+        default=None,
+        description="Machine-readable reason for execution_error or timeout, and for an "
+        "unresolved run that gave no consistent verdict (`tests_crashed`, `no_tests_reported`, "
+        "`exit_status_mismatch`, `report_mismatch`, `summary_missing`, "
+        "`required_tests_missing`).",
+    )
+    control_run: bool | None = Field(
+        default=None,
+        description="Null: the run's own verdict stood. Otherwise the control decided it: true "
+        "when this grading ran it, false when it was kept from an earlier grading of the task.",
     )
     template_hit: bool | None = Field(
         default=None,

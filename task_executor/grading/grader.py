@@ -16,15 +16,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_client.protocol import GradingSpec, PhaseTimings, TaskResult, TaskSpec, TestSplit
+from sandbox_client.protocol import (
+    GradingSpec,
+    PhaseTimings,
+    TaskResult,
+    TaskSpec,
+    TestSplit,
+    template_key,
+)
 from task_executor.config import Settings
 from task_executor.errors import InvalidRequest, RepoError
-from task_executor.sandbox.command import CommandOutcome, run_command
+from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from .consistency import RunEvidence, attribute, problems
+from .control import ControlCache, control_key
 from .diffs import split_patch
 from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
-from .results import ReportedTests, exit_status_conflict, read_report
+from .results import read_report
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,7 @@ class Grader:
     def __init__(self, settings: Settings, workspaces: WorkspaceFactory) -> None:
         self.settings = settings
         self.workspaces = workspaces
+        self.controls = ControlCache()
 
     def default_denies_network(self) -> bool:
         if self.settings.deny_network is None:
@@ -152,7 +162,7 @@ class Grader:
             )
         deny_network = self.resolve_deny_network(job.deny_network)
         started = time.monotonic()
-        timeout = job.spec.timeout or self.settings.task_timeout
+        timeout = self.wall_clock(job)
         result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
         phases = PhaseTimings()
         workspace: Workspace | None = None
@@ -195,6 +205,9 @@ class Grader:
             )
         return result
 
+    def wall_clock(self, job: GradingJob) -> float:
+        return job.spec.timeout or self.settings.task_timeout
+
     def _run(
         self,
         job: GradingJob,
@@ -205,9 +218,6 @@ class Grader:
         log_parts: list[str],
         deny_network: bool,
     ) -> None:
-        report_name = f"report-{uuid.uuid4().hex}.jsonl"
-        env = workspace.sandbox_env(job.env)
-
         mark = time.monotonic()
         try:
             agent = apply_agent_patch(workspace, job.patch)
@@ -216,15 +226,77 @@ class Grader:
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
-        try:
-            force_apply_test_patch(workspace, job.spec.test_patch)
-        except PatchFailed as exc:
-            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+        _apply_test_patch(workspace, job)
         # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)
         parser = log_parser_for(job.spec, command)
+        mark = time.monotonic()
+        run = self._run_tests(job, command, parser, workspace, deadline, log_parts, deny_network)
+        phases.tests = time.monotonic() - mark
+        _record(job, run, result)
+        if run.timed_out:
+            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
+        own = problems(run, required)
+        key = control_key(self._template_key(job, workspace), job.spec.test_patch, command,
+                          parser, deny_network, self.wall_clock(job))
+        if not job.patch.strip():
+            self.controls.offer(key, run)  # without a patch, this run *is* the control
+        if own:
+            # No consistent verdict: the control (no agent patch) says whose fault that is.
+            mark = time.monotonic()
+            control, result.control_run = self.controls.get(
+                key, lambda: self._control_run(job, command, parser, deny_network))
+            phases.control = time.monotonic() - mark
+            verdict = attribute(own, control, required)
+            log_parts.append(
+                f"\n[no consistent verdict: {own[0].message}; control run without the agent's "
+                f"patch ({'run now' if result.control_run else 'kept'}): exit status "
+                f"{control.exit_code}, {len(control.report.states)} tests reported]\n")
+            if verdict.status is not None:
+                if verdict.status == "execution_error":
+                    log_parts.append(f"[control run output, tail]\n{control.tail}\n")
+                raise _Verdict(verdict.status, verdict.code, verdict.message)
+        resolved = all(result.tests[name] == "PASSED" for name in required)
+        result.status = "resolved" if resolved else "unresolved"
+        result.resolved = resolved
+
+    def _template_key(self, job: GradingJob, workspace: Workspace) -> str:
+        if workspace.template is not None:
+            return workspace.template.key
+        source = self.workspaces.mirrors.source_of(job.repo)
+        return template_key(source, workspace.base_commit, job.setup, job.env)
+
+    def _control_run(
+        self, job: GradingJob, command: str, parser: str, deny_network: bool
+    ) -> RunEvidence:
+        """The task's tests without the agent's patch, in a fresh workspace of the same
+        template, with a wall clock of their own (the agent's run cannot use it up)."""
+        workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
+        try:
+            _apply_test_patch(workspace, job)
+            deadline = time.monotonic() + self.wall_clock(job)
+            return self._run_tests(job, command, parser, workspace, deadline, [], deny_network)
+        finally:
+            workspace.destroy()
+
+    def _run_tests(
+        self,
+        job: GradingJob,
+        command: str,
+        parser: str,
+        workspace: Workspace,
+        deadline: float,
+        log_parts: list[str],
+        deny_network: bool,
+    ) -> RunEvidence:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
+        report_name = f"report-{uuid.uuid4().hex}.jsonl"
+        env = workspace.sandbox_env(job.env)
         test_env = dict(env)
         test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
         test_env["PYTHONPATH"] = os.pathsep.join(
@@ -236,60 +308,39 @@ class Grader:
             test_env["DOCKYARD_REPORT_MODE"] = "pytest"
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
-        mark = time.monotonic()
-        outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
-        phases.tests = time.monotonic() - mark
-        run = read_report(workspace.tmp, report_name)
-        self._judge(job, run, outcome, result)
-
-    def _run_tests(
-        self,
-        command: str,
-        workspace: Workspace,
-        env: dict[str, str],
-        deadline: float,
-        log_parts: list[str],
-        deny_network: bool,
-    ) -> CommandOutcome:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
         outcome = run_command(
             command,
             cwd=str(workspace.path),
-            env=env,
+            env=test_env,
             timeout=remaining,
             launcher=workspace.launcher(deny_network),
         )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
             log_parts.append(f"\n[tests killed after {outcome.duration_s:.1f}s wall clock]\n")
-        return outcome
+        report = read_report(workspace.tmp, report_name)
+        return RunEvidence.of(report, outcome.exit_code, outcome.timed_out, parser, outcome.output)
 
-    @staticmethod
-    def _judge(
-        job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
-    ) -> None:
-        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
-        tests = dict(run.states)
-        for name in required:
-            tests[name] = run.lookup(name)
-            alias_target = run.aliases.get(name)
-            if alias_target is not None and alias_target != name:
-                tests.pop(alias_target, None)
-        result.tests = tests
-        result.test_exit_code = outcome.exit_code
-        result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
-        result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
-        if outcome.timed_out:
-            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
-        assert outcome.exit_code is not None
-        conflict = exit_status_conflict(run, outcome.exit_code)
-        if conflict:
-            raise _Verdict("execution_error", "inconsistent_results", conflict)
-        resolved = all(tests[name] == "PASSED" for name in required)
-        result.status = "resolved" if resolved else "unresolved"
-        result.resolved = resolved
+
+def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
+    try:
+        force_apply_test_patch(workspace, job.spec.test_patch)
+    except PatchFailed as exc:
+        raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+
+
+def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
+    """Per-test states of the run into ``result``; a required test not reported is MISSING."""
+    tests = dict(run.report.states)
+    for name in [*job.spec.fail_to_pass, *job.spec.pass_to_pass]:
+        tests[name] = run.report.lookup(name)
+        alias_target = run.report.aliases.get(name)
+        if alias_target is not None and alias_target != name:
+            tests.pop(alias_target, None)
+    result.tests = tests
+    result.test_exit_code = run.exit_code
+    result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
+    result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
 
 
 def _split(names: list[str], tests: Mapping[str, str]) -> TestSplit:

@@ -192,17 +192,19 @@ def test_imperative_xfail_in_code_under_test_is_not_a_pass(executor, demo_task):
     assert result["tests"]["tests/test_calc.py::test_add"] == "SKIPPED"
 
 
-def test_exit_status_that_contradicts_the_results_is_no_verdict(executor, demo_task):
-    """Code that forces the process to fail after passing tests gets execution_error, not 1.0."""
+def test_exit_status_that_contradicts_the_results_is_not_a_pass(executor, demo_task):
+    """Code that forces the process to fail after passing tests gets no 1.0: the run gives no
+    consistent verdict, the control (no agent patch) does, so the patch is to blame."""
     source = Path(demo_task.repo, "calc/__init__.py").read_text()
     odd = "import atexit, os\natexit.register(lambda: os._exit(3))\n" + source
     patch = _cheat_patch(
         demo_task, {**FIXED_FILES, "calc/__init__.py": odd.replace("return a - b", "return a + b")}
     )
     result = executor.submit(demo_task.request("exit", patch)).json()
-    assert result["status"] == "execution_error"
-    assert result["resolved"] is None
-    assert result["error_code"] == "inconsistent_results"
+    assert result["status"] == "unresolved"
+    assert result["resolved"] is False
+    assert result["error_code"] == "exit_status_mismatch"
+    assert result["control_run"] is True
 
 
 def test_masked_exit_status_with_failures_is_no_verdict(executor, demo_task):
