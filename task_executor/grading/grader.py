@@ -19,6 +19,8 @@ from pathlib import Path
 from sandbox_client.protocol import (
     GradingSpec,
     PhaseTimings,
+    RequiredConditions,
+    RunConditions,
     TaskResult,
     TaskSpec,
     TestSplit,
@@ -29,6 +31,7 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
 from .diffs import split_patch
@@ -56,6 +59,7 @@ class GradingJob:
     env: dict[str, str] = field(default_factory=dict)
     deny_network: bool | None = None
     """None: the executor's default (deny whenever the egress guard is available)."""
+    conditions: RequiredConditions | None = None
 
     @classmethod
     def from_task(cls, spec: TaskSpec) -> GradingJob:
@@ -68,6 +72,7 @@ class GradingJob:
             setup=list(spec.setup),
             env=dict(spec.env),
             deny_network=spec.deny_network,
+            conditions=spec.conditions,
         )
 
 
@@ -137,6 +142,11 @@ class Grader:
         self.settings = settings
         self.workspaces = workspaces
         self.controls = ControlCache()
+        run_as = None if settings.run_as_uid is None else (
+            settings.run_as_uid,
+            settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid)
+        self.probe = ConditionProbe(workspaces, settings.memory_limit_bytes, run_as,
+                                    settings.shm_bytes)
 
     def default_denies_network(self) -> bool:
         if self.settings.deny_network is None:
@@ -154,13 +164,39 @@ class Grader:
             )
         return wanted
 
+    def deny_for(self, requested: bool | None, required: RequiredConditions | None) -> bool:
+        """Whether code under test runs without network: as requested, else as the declared
+        conditions' ``egress`` says (409 when that cannot be given here), else the default."""
+        if requested is None and required is not None and required.egress is not None:
+            if not required.egress and not self.workspaces.sandbox.can_deny_network:
+                raise ConditionsMismatch("this executor cannot give the declared conditions: "
+                                         "egress: required False, here egress cannot be denied")
+            requested = not required.egress
+        return self.resolve_deny_network(requested)
+
+    def expect_conditions(self, required: RequiredConditions | None, key: str,
+                          env: dict[str, str], deny_network: bool) -> None:
+        """Refuse (409) before any work what this executor knows it cannot give."""
+        check(required, self.probe.expected(key, env, deny_network), measured=False)
+
+    def conditions_in(self, required: RequiredConditions | None, key: str,
+                      workspace: Workspace, env: dict[str, str],
+                      deny_network: bool) -> RunConditions:
+        """The conditions in a fresh ``workspace`` (probed once per template), checked."""
+        conditions = self.probe.measure(key, workspace, env, deny_network)
+        check(required, conditions, measured=True)
+        return conditions
+
     def grade(self, job: GradingJob) -> TaskResult:
-        """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
+        """The verdict on ``job``; RepoError (an unknown repo or commit) and ConditionsMismatch
+        (409) propagate."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
             )
-        deny_network = self.resolve_deny_network(job.deny_network)
+        deny_network = self.deny_for(job.deny_network, job.conditions)
+        key = template_key(job.repo, job.base_commit, job.setup, job.env)
+        self.expect_conditions(job.conditions, key, job.env, deny_network)
         started = time.monotonic()
         timeout = self.wall_clock(job)
         result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
@@ -176,12 +212,14 @@ class Grader:
             # Setup runs inside create: per workspace in git-clone mode, once per template else.
             phases.setup = workspace.setup_s
             phases.checkout = time.monotonic() - mark - workspace.setup_s
+            result.conditions = self.conditions_in(job.conditions, key, workspace, job.env,
+                                                   deny_network)
             self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]
             result.resolved = None if verdict.status == "execution_error" else False
             result.error, result.error_code = str(verdict), verdict.code
-        except RepoError:
+        except (RepoError, ConditionsMismatch):
             raise
         except SetupFailed as exc:
             result.status, result.resolved = "execution_error", None
