@@ -24,10 +24,6 @@ from .summary import Summary, runner_summary
 
 SUMMARY_MISSING = "summary_missing"
 
-TASK_FAULTS = ("test_command_not_found", "test_runner_missing", "test_ids_not_found")
-"""``error_code`` of an ``execution_error`` whose control run names what is broken in the task
-(else ``control_<problem>``: the control's own problem, e.g. ``control_tests_crashed``)."""
-
 _RUNNER_MISSING = re.compile(r"No module named '?(pytest|django)'?\b|ModuleNotFoundError: No "
                              r"module named '?(pytest|django)'?\b")
 _IDS_NOT_FOUND = re.compile(r"^ERROR: (file or directory )?not found: ", re.M)
@@ -53,7 +49,7 @@ class RunEvidence:
     parser: str
     summary: Summary | None
     fault: str | None
-    """What the output says is broken in the task (a ``TASK_FAULTS`` code), if anything."""
+    """What the output says is broken in the task (one of ``TASK_FAULT_CODES``), if anything."""
     tail: str
     """The end of the output, for the log of a grading that cites this run."""
 
