@@ -52,7 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="dockyard-bench-control-", dir="/var/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="dockyard-bench-control-"))
     work.chmod(0o755)
     log = work / "serve.log"
     proc = subprocess.Popen(
@@ -92,6 +92,13 @@ def main() -> int:
                                                (work / "base" / "task_executor.log").read_text())]
         print(f"conditions probe: {len(probes)} runs (one per template), median "
               f"{statistics.median(probes):.3f}s")
+        for kind, results in seen.items():
+            print(json.dumps({"grading": kind, **{
+                f"{key}_p50_s": round(statistics.median(r["phases"][key] for r in results), 4)
+                for key in ("tests", "control")},
+                "duration_p50_s": round(statistics.median(r["duration_s"] for r in results), 4)}))
+        print(json.dumps({"conditions_probes": len(probes),
+                          "probe_p50_s": round(statistics.median(probes), 4)}))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -215,3 +215,31 @@ def test_a_control_that_failed_is_not_kept():
         cache.get("k", broken)
     run, ran = cache.get("k", _consistent_run)
     assert ran is True and cache.runs == 2
+
+
+UNITTESTS = (
+    "import unittest\n\nfrom calc import add\n\n\n"
+    "class T(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+    "    def test_zero(self):\n        print('FAILED (failures=9)')\n"
+    "        self.assertEqual(add(0, 0), 0)\n"
+)
+
+
+@pytest.mark.parametrize(("patch_kind", "verdict"), [
+    ("gold", ("resolved", None, None)),
+    ("atexit-exit-0", ("unresolved", "exit_status_mismatch", True)),
+])
+def test_unittest_runs_are_cross_checked_too(shared_executor, conftest_task, patch_kind,
+                                              verdict):
+    repo = Path(conftest_task.repo)
+    patch = conftest_task.gold_patch if patch_kind == "gold" else diff_of(
+        repo, {"calc/__init__.py": DODGES[patch_kind][0]})
+    body = {**conftest_task.request(f"unittest-{patch_kind}", patch),
+            "test_patch": diff_of(repo, {"tests/test_u.py": UNITTESTS}),
+            "test_command": "python -m unittest -v tests.test_u", "log_parser": "unittest",
+            "fail_to_pass": ["tests.test_u.T.test_add"],
+            "pass_to_pass": ["tests.test_u.T.test_zero"]}
+    result = shared_executor.submit(body).json()
+    control_ran = None if result["control_run"] is None else True
+    assert (result["status"], result["error_code"], control_ran) == verdict, result["log"]

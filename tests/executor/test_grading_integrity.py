@@ -38,6 +38,7 @@ def test_gold_patch_resolves(executor, demo_task):
     assert result["tests"]["tests/test_calc.py::test_add_many[1-2-3]"] == "PASSED"
     assert result["phases"]["tests"] > 0
     assert "test session starts" in result["log"]
+    assert (result["control_run"], result["phases"]["control"]) == (None, 0.0)  # consistent
 
 
 def test_empty_patch_is_unresolved(executor, demo_task):
@@ -46,6 +47,7 @@ def test_empty_patch_is_unresolved(executor, demo_task):
     assert result["resolved"] is False
     assert result["tests"]["tests/test_calc.py::test_add"] == "FAILED"
     assert result["pass_to_pass"]["failed"] == []
+    assert result["control_run"] is None and result["error_code"] is None
 
 
 def test_conftest_cheat_works_when_it_is_part_of_the_base(executor, tmp_path, demo_task):
