@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from sandbox_client.protocol import RequiredConditions, RunConditions
 from task_executor.errors import Conflict
 from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import Workspace, WorkspaceFactory
+
+from .once import OnceCache
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ _INSIDE = ("cpus", "uid", "gid", "shm_bytes", "timezone", "python")
 _AT_LEAST = ("cpus", "cpu_quota", "memory_limit_bytes", "shm_bytes")
 _UNLIMITED_WHEN_NONE = ("cpu_quota", "memory_limit_bytes")
 _UNLIMITED = 1 << 60
+
+
+class ProbeFailed(Exception):
+    """The probe gave no answer this time (kept nothing: the next workspace probes again)."""
 
 
 class ConditionsMismatch(Conflict):
@@ -112,9 +117,7 @@ class ConditionProbe:
         self.memory_limit_bytes = memory_limit_bytes
         self.run_as = run_as
         self.shm_bytes = shm_bytes
-        self._measured: dict[str, dict[str, object]] = {}
-        self._lock = threading.Lock()
-        self.probes = 0
+        self._measured: OnceCache[dict[str, object]] = OnceCache(max_entries=4096)
 
     def expected(self, key: str, env: dict[str, str], deny_network: bool) -> RunConditions:
         """The conditions a workspace of template ``key`` would get, before making one."""
@@ -134,43 +137,41 @@ class ConditionProbe:
             python=None,
             workspace_mode=self.workspaces.mode,
         )
-        with self._lock:
-            measured = self._measured.get(key)
+        measured = self._measured.peek(key)
         return conditions.model_copy(update=measured) if measured else conditions
 
     def measure(self, key: str, workspace: Workspace, env: dict[str, str],
                 deny_network: bool) -> RunConditions:
         """The conditions in ``workspace`` (of template ``key``), probing it first if no
-        workspace of that template was probed yet. Run before any agent patch is applied."""
-        with self._lock:
-            known = key in self._measured
-        if not known:
-            found = self._probe(workspace, env, deny_network)
-            with self._lock:
-                self._measured.setdefault(key, found)
+        workspace of that template was probed yet (concurrent gradings of a template wait for
+        one probe). Run before any agent patch is applied."""
+        try:
+            self._measured.get(key, lambda: self._probe(workspace, env, deny_network))
+        except (ProbeFailed, RuntimeError) as exc:
+            log.warning("conditions probe: %s", exc)
         return self.expected(key, env, deny_network)
 
     def _probe(self, workspace: Workspace, env: dict[str, str],
                deny_network: bool) -> dict[str, object]:
+        """What the probe measured (nothing but the interpreter's absence, when there is no
+        python); ProbeFailed when it gave no answer otherwise."""
         started = time.monotonic()
         outcome = run_command(
             _RUN_PROBE, cwd=str(workspace.path),
             env={**workspace.sandbox_env(env), "DOCKYARD_PROBE": _PROBE}, timeout=60,
             launcher=workspace.launcher(deny_network),
         )
-        self.probes += 1
-        found: dict[str, object] = {name: None for name in _INSIDE}
+        found: dict[str, object] = {}
         for line in reversed(outcome.output.splitlines()):
             if line.startswith(_MARK):
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, AttributeError):
                     data = json.loads(line[len(_MARK):])
-                    found.update({k: data.get(k) for k in _INSIDE})
+                    found = {k: data[k] for k in _INSIDE if data.get(k) is not None}
                 break
-        else:
-            log.warning("conditions probe found no interpreter (exit %s): %s",
-                        outcome.exit_code, outcome.output[-300:])
         log.info("conditions probed in %.3fs: %s", time.monotonic() - started, found)
-        return found
+        if found or outcome.exit_code == 127:
+            return found  # no interpreter at all is an answer (the executor's view stands)
+        raise ProbeFailed(f"no answer (exit {outcome.exit_code}): {outcome.output[-300:]}")
 
 
 def min_limit(*limits: int | None) -> int | None:

@@ -200,7 +200,7 @@ def test_the_control_cache_runs_a_key_once_while_others_wait():
     release.set()
     first.join()
     second.join()
-    assert calls == ["ran"] and cache.runs == 1
+    assert calls == ["ran"] and cache.computed == 1
     assert sorted(ran for _, ran in answers) == [False, True]
     assert answers[0][0] is answers[1][0]
 
@@ -214,7 +214,7 @@ def test_a_control_that_failed_is_not_kept():
     with pytest.raises(OSError):
         cache.get("k", broken)
     run, ran = cache.get("k", _consistent_run)
-    assert ran is True and cache.runs == 2
+    assert ran is True and cache.computed == 2
 
 
 UNITTESTS = (
