@@ -59,7 +59,7 @@ print("DOCKYARD-CONDITIONS " + json.dumps({"cpus": cpus, "uid": os.getuid(), "gi
       "shm_bytes": shm, "timezone": zone(), "python": "%d.%d.%d" % tuple(sys.version_info[:3])}))
 """
 _RUN_PROBE = ('for p in python python3; do if command -v "$p" >/dev/null 2>&1; then '
-              'exec "$p" -c "$DOCKYARD_PROBE"; fi; done; exit 127')
+              'exec "$p" -S -c "$DOCKYARD_PROBE"; fi; done; exit 127')
 _MARK = "DOCKYARD-CONDITIONS "
 _INSIDE = ("cpus", "uid", "gid", "shm_bytes", "timezone", "python")
 _AT_LEAST = ("cpus", "cpu_quota", "memory_limit_bytes", "shm_bytes")
