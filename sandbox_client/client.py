@@ -11,6 +11,8 @@ Rules this module keeps (DESIGN.md, STYLE.md habit 4):
   the next in rank). When every executor in rotation answered 429/503, the call waits
   (``Retry-After`` is the floor of a jittered exponential backoff) and starts again from its first
   choice, within a count and a time budget. Calls pinned to one executor wait out 429/503 there.
+  An executor that answers 409 ``conditions_mismatch`` (it cannot give the conditions the call
+  declares) is not asked again by that call, which moves on to the next in rank.
 * Every ``run_task`` call sends one ``Idempotency-Key`` of its own. A submit whose reply was
   lost is re-submitted with that key to the same executor, which answers the stored verdict (or
   409 ``task_in_progress`` while it still grades): the tests never run twice for one call while
@@ -72,6 +74,7 @@ T = TypeVar("T")
 
 USER_AGENT = "dockyard-sandbox-client/1"
 _BUSY_STATUSES = frozenset({429, 503})
+CONDITIONS_MISMATCH = "conditions_mismatch"
 
 
 class _GradingDied(Exception):
@@ -155,7 +158,8 @@ class SandboxClient:
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the executor its template is placed on; raises
         ``TaskExecutorError`` on failure."""
-        task = self.config.with_task_timeout(TaskSpec.model_validate(spec))
+        task = self.config.with_conditions(
+            self.config.with_task_timeout(TaskSpec.model_validate(spec)))
         body = task.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(task.timeout)
         key = template_key(task.repo, task.base_commit, task.setup, task.env)
@@ -170,7 +174,7 @@ class SandboxClient:
 
     def start_session(self, spec: SessionStartSpec | Mapping[str, Any]) -> RemoteSession:
         """Open a shell session where its template is placed; later calls all go there."""
-        start = SessionStartSpec.model_validate(spec)
+        start = self.config.with_conditions(SessionStartSpec.model_validate(spec))
         body = start.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(None)
         key = template_key(start.repo, start.base_commit, start.setup, start.env)
@@ -217,6 +221,7 @@ class SandboxClient:
         busy: set[str] = set()  # answered 429/503 in this round
         failures: list[TaskExecutorError] = []
         rejected: ExecutorBusy | None = None
+        mismatched: ExecutorRejected | None = None
         lost: ReplyLost | None = None
         waited, rounds = 0.0, 0
         started = time.monotonic()
@@ -227,6 +232,8 @@ class SandboxClient:
             url = self._fleet.reserve(kind, ranked, out | busy, wait_until)
             if url is None:
                 if rejected is None or not busy:
+                    if mismatched is not None:
+                        raise mismatched
                     if lost is not None:
                         raise lost
                     raise ExecutorUnreachable(
@@ -250,6 +257,13 @@ class SandboxClient:
                 answer = rejected = exc
                 busy.add(url)
                 log.info("%s: %s answered %s; trying the next executor", what, url, exc.code)
+            except ExecutorRejected as exc:
+                if exc.code != CONDITIONS_MISMATCH:
+                    raise
+                out.add(url)
+                mismatched = exc
+                log.info("%s: %s cannot give its conditions (%s); trying the next executor",
+                         what, url, exc.message)
             except ExecutorUnreachable as exc:
                 out.add(url)
                 failures.append(exc)

@@ -56,6 +56,18 @@ SWE-bench harness's (skipped PASS_TO_PASS tests maintained, XFAIL a pass)."""
 LogParser = Literal["pytest", "django", "unittest"]
 """Which test framework's results to collect."""
 
+TASK_FAULT_CODES = frozenset({"test_command_not_found", "test_runner_missing",
+                              "test_ids_not_found"})
+"""``error_code`` of an ``execution_error`` that says the task itself is broken: without the
+agent's patch (the control run) its tests give no verdict either. So does every ``control_*``
+code (``control_tests_crashed``, ...). Retrying elsewhere will not help; fix or drop the task."""
+
+
+def task_is_broken(error_code: str | None) -> bool:
+    """Whether ``error_code`` says the task is broken, not the patch or the infrastructure."""
+    return error_code is not None and (
+        error_code in TASK_FAULT_CODES or error_code.startswith("control_"))
+
 
 def _json_list(value: Any) -> Any:
     """Accept a list of test ids as SWE-bench stores it: a JSON-encoded string of a list."""
@@ -165,6 +177,43 @@ class ErrorResponse(_Response):
     error: ErrorDetail
 
 
+class RequiredConditions(_Request):
+    """Conditions a task's tests must run under; an executor that cannot give every one refuses
+    the task before grading (409 ``conditions_mismatch``) and the client sends it elsewhere."""
+
+    cpus: int | None = Field(default=None, ge=1, description="At least this many CPUs visible.")
+    cpu_quota: float | None = Field(
+        default=None, gt=0, description="At least this CPU quota, in CPUs (no quota meets any)."
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None, ge=1, description="At least this memory limit (no limit meets any)."
+    )
+    uid: int | None = Field(default=None, ge=0, description="Exactly this uid, as seen inside.")
+    gid: int | None = Field(default=None, ge=0, description="Exactly this gid, as seen inside.")
+    egress: bool | None = Field(
+        default=None,
+        description="true: network beyond loopback reachable; false: egress denied. Decides "
+        "deny_network when the request does not set it.",
+    )
+    shm_bytes: int | None = Field(default=None, ge=1, description="At least this /dev/shm size.")
+    timezone: str | None = Field(
+        default=None, max_length=64, description="Exactly this time zone (e.g. `Etc/UTC`)."
+    )
+    python: str | None = Field(
+        default=None, pattern=r"^\d+(\.\d+){0,2}$",
+        description="The version of `python` on the tests' PATH: `3.11` matches any 3.11.x.",
+    )
+    workspace_mode: Literal["overlay", "copy", "git-clone"] | None = Field(
+        default=None, description="Exactly this workspace mode."
+    )
+
+
+def _egress_agrees(deny_network: bool | None, conditions: RequiredConditions | None) -> None:
+    if deny_network is not None and conditions is not None and conditions.egress is not None:
+        if conditions.egress == deny_network:
+            raise ValueError("deny_network contradicts conditions.egress")
+
+
 class GradingSpec(_Request):
     """What the grader needs besides the agent's patch: held-out tests and how to run them."""
 
@@ -237,6 +286,14 @@ class TaskSpec(GradingSpec):
     env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for setup and tests."
     )
+    conditions: RequiredConditions | None = Field(
+        default=None, description="Conditions the tests must run under (409 where not met)."
+    )
+
+    @model_validator(mode="after")
+    def _conditions_agree(self) -> TaskSpec:
+        _egress_agrees(self.deny_network, self.conditions)
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -291,6 +348,11 @@ class PhaseTimings(_Response):
     )
     apply: float = Field(default=0.0, description="Agent patch and test patch application.")
     tests: float = Field(default=0.0, description="Test command.")
+    control: float = Field(
+        default=0.0,
+        description="Running (or waiting for) the control: the tests without the agent's patch, "
+        "needed only when the run gave no consistent verdict, once per task.",
+    )
     cleanup: float = Field(default=0.0, description="Working tree removal.")
 
 
@@ -301,6 +363,28 @@ class TestSplit(_Response):
     failed: list[str] = Field(
         default_factory=list, description="Tests that failed, errored, were skipped or missing."
     )
+
+
+class RunConditions(_Response):
+    """The conditions a grading's tests ran under: measured inside the sandbox where they can
+    differ from the executor's view (CPUs, uid/gid, /dev/shm, time zone, interpreter)."""
+
+    cpus: int | None = Field(default=None, description="CPUs the tests can run on.")
+    cpu_quota: float | None = Field(
+        default=None, description="CPU quota in CPUs (the executor's cgroup); null: none."
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None, description="Memory the workspace may use; null: no limit."
+    )
+    uid: int | None = Field(default=None, description="uid of the tests, as seen inside.")
+    gid: int | None = Field(default=None, description="gid of the tests, as seen inside.")
+    egress: bool = Field(default=True, description="Network beyond loopback was not denied.")
+    shm_bytes: int | None = Field(default=None, description="Size of /dev/shm.")
+    timezone: str | None = Field(default=None, description="The tests' time zone.")
+    python: str | None = Field(
+        default=None, description="Version of `python` on the tests' PATH (null: none)."
+    )
+    workspace_mode: str = Field(default="", description="`overlay`, `copy` or `git-clone`.")
 
 
 class TaskResult(_Response):
@@ -327,9 +411,23 @@ class TaskResult(_Response):
     duration_s: float = Field(default=0.0, description="Total wall time of the grading.")
     phases: PhaseTimings = Field(default_factory=PhaseTimings, description="Phase timings.")
     log: str = Field(default="", description="Tail of the setup and test output (capped).")
-    error: str | None = Field(default=None, description="Why there is no verdict, if so.")
+    error: str | None = Field(
+        default=None, description="Why there is no verdict, or why the run gave none by itself."
+    )
     error_code: str | None = Field(
-        default=None, description="Machine-readable reason for execution_error or timeout."
+        default=None,
+        description="Machine-readable reason for execution_error or timeout, and for an "
+        "unresolved run that gave no consistent verdict (`tests_crashed`, `no_tests_reported`, "
+        "`exit_status_mismatch`, `report_mismatch`, `summary_missing`, "
+        "`required_tests_missing`).",
+    )
+    control_run: bool | None = Field(
+        default=None,
+        description="Null: the run's own verdict stood. Otherwise the control decided it: true "
+        "when this grading ran it, false when it was kept from an earlier grading of the task.",
+    )
+    conditions: RunConditions | None = Field(
+        default=None, description="What the tests ran under (null: no workspace was made)."
     )
     template_hit: bool | None = Field(
         default=None,
@@ -437,6 +535,16 @@ class SessionStartSpec(_Request):
     deny_network: bool | None = Field(
         default=None, description="Run the shell without network; as in TaskSpec."
     )
+    conditions: RequiredConditions | None = Field(
+        default=None,
+        description="Conditions the session and its finish grading must run under; as in "
+        "TaskSpec (409 at start where not met).",
+    )
+
+    @model_validator(mode="after")
+    def _conditions_agree(self) -> SessionStartSpec:
+        _egress_agrees(self.deny_network, self.conditions)
+        return self
 
 
 class SessionStartResult(_Response):

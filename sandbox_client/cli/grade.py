@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ..client import SandboxClient
 from ..errors import ExecutorBusy, ExecutorRejected, TaskExecutorError
-from ..protocol import TaskResult, TaskSpec
+from ..protocol import TaskResult, TaskSpec, task_is_broken
 from ..reward import error_result
 from .progress import Progress
 from .report import CATEGORIES, GradeReport, instance_entry
@@ -32,7 +32,7 @@ def run_with_retries(
     """Grade until there is a verdict or the retries are spent; returns (result, attempts).
 
     A 4xx rejection other than 429 (bad request, unknown repo, wrong token) is final: sending it
-    again, anywhere, would be refused again.
+    again, anywhere, would be refused again; so is a task the executor found broken.
     """
     attempts = 0
     while True:
@@ -45,6 +45,8 @@ def run_with_retries(
             if final and exc.status < 500:
                 return result, attempts
         if result.status != "execution_error" or attempts > max_error_retries:
+            return result, attempts
+        if task_is_broken(result.error_code):
             return result, attempts
         log.warning(
             "task %s: execution_error (%s); retry %d of %d",

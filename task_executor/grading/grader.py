@@ -16,16 +16,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_client.protocol import GradingSpec, PhaseTimings, TaskResult, TaskSpec, TestSplit
+from sandbox_client.protocol import (
+    GradingSpec,
+    PhaseTimings,
+    RequiredConditions,
+    RunConditions,
+    TaskResult,
+    TaskSpec,
+    TestSplit,
+    template_key,
+)
 from task_executor.config import Settings
 from task_executor.errors import InvalidRequest, RepoError
-from task_executor.sandbox.command import CommandOutcome, run_command
+from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from .conditions import ConditionProbe, ConditionsMismatch, check
+from .consistency import RunEvidence, attribute, problems
+from .control import ControlCache, control_key
 from . import swebench_rules
 from .diffs import split_patch
 from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
-from .results import ReportedTests, exit_status_conflict, read_report
+from .results import read_report
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,7 @@ class GradingJob:
     env: dict[str, str] = field(default_factory=dict)
     deny_network: bool | None = None
     """None: the executor's default (deny whenever the egress guard is available)."""
+    conditions: RequiredConditions | None = None
 
     @classmethod
     def from_task(cls, spec: TaskSpec) -> GradingJob:
@@ -60,6 +73,7 @@ class GradingJob:
             setup=list(spec.setup),
             env=dict(spec.env),
             deny_network=spec.deny_network,
+            conditions=spec.conditions,
         )
 
 
@@ -128,6 +142,12 @@ class Grader:
     def __init__(self, settings: Settings, workspaces: WorkspaceFactory) -> None:
         self.settings = settings
         self.workspaces = workspaces
+        self.controls = ControlCache()
+        run_as = None if settings.run_as_uid is None else (
+            settings.run_as_uid,
+            settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid)
+        self.probe = ConditionProbe(workspaces, settings.memory_limit_bytes, run_as,
+                                    settings.shm_bytes)
 
     def default_denies_network(self) -> bool:
         if self.settings.deny_network is None:
@@ -145,15 +165,41 @@ class Grader:
             )
         return wanted
 
+    def deny_for(self, requested: bool | None, required: RequiredConditions | None) -> bool:
+        """Whether code under test runs without network: as requested, else as the declared
+        conditions' ``egress`` says (409 when that cannot be given here), else the default."""
+        if requested is None and required is not None and required.egress is not None:
+            if not required.egress and not self.workspaces.sandbox.can_deny_network:
+                raise ConditionsMismatch("this executor cannot give the declared conditions: "
+                                         "egress: required False, here egress cannot be denied")
+            requested = not required.egress
+        return self.resolve_deny_network(requested)
+
+    def expect_conditions(self, required: RequiredConditions | None, key: str,
+                          env: dict[str, str], deny_network: bool) -> None:
+        """Refuse (409) before any work what this executor knows it cannot give."""
+        check(required, self.probe.expected(key, env, deny_network), measured=False)
+
+    def conditions_in(self, required: RequiredConditions | None, key: str,
+                      workspace: Workspace, env: dict[str, str],
+                      deny_network: bool) -> RunConditions:
+        """The conditions in a fresh ``workspace`` (probed once per template), checked."""
+        conditions = self.probe.measure(key, workspace, env, deny_network)
+        check(required, conditions, measured=True)
+        return conditions
+
     def grade(self, job: GradingJob) -> TaskResult:
-        """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
+        """The verdict on ``job``; RepoError (an unknown repo or commit) and ConditionsMismatch
+        (409) propagate."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
             )
-        deny_network = self.resolve_deny_network(job.deny_network)
+        deny_network = self.deny_for(job.deny_network, job.conditions)
+        key = template_key(job.repo, job.base_commit, job.setup, job.env)
+        self.expect_conditions(job.conditions, key, job.env, deny_network)
         started = time.monotonic()
-        timeout = job.spec.timeout or self.settings.task_timeout
+        timeout = self.wall_clock(job)
         result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None,
                             rules=job.spec.rules or "strict")
         phases = PhaseTimings()
@@ -168,12 +214,14 @@ class Grader:
             # Setup runs inside create: per workspace in git-clone mode, once per template else.
             phases.setup = workspace.setup_s
             phases.checkout = time.monotonic() - mark - workspace.setup_s
+            result.conditions = self.conditions_in(job.conditions, key, workspace, job.env,
+                                                   deny_network)
             self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]
             result.resolved = None if verdict.status == "execution_error" else False
             result.error, result.error_code = str(verdict), verdict.code
-        except RepoError:
+        except (RepoError, ConditionsMismatch):
             raise
         except SetupFailed as exc:
             result.status, result.resolved = "execution_error", None
@@ -197,6 +245,9 @@ class Grader:
             )
         return result
 
+    def wall_clock(self, job: GradingJob) -> float:
+        return job.spec.timeout or self.settings.task_timeout
+
     def _run(
         self,
         job: GradingJob,
@@ -207,9 +258,6 @@ class Grader:
         log_parts: list[str],
         deny_network: bool,
     ) -> None:
-        report_name = f"report-{uuid.uuid4().hex}.jsonl"
-        env = workspace.sandbox_env(job.env)
-
         mark = time.monotonic()
         try:
             agent = apply_patches(workspace, job.patch, job.spec.test_patch)
@@ -225,6 +273,73 @@ class Grader:
 
         command = job.spec.test_command or default_test_command(job.spec)
         parser = log_parser_for(job.spec, command)
+        mark = time.monotonic()
+        run = self._run_tests(job, command, parser, workspace, deadline, log_parts, deny_network)
+        phases.tests = time.monotonic() - mark
+        if job.spec.rules == "swebench":
+            return _judge_swebench(job, run, result)  # the harness's own rules, no control
+        _record(job, run, result)
+        if run.timed_out:
+            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
+        own = problems(run, required)
+        key = control_key(self._template_key(job, workspace), job.spec.test_patch, command,
+                          parser, deny_network, self.wall_clock(job))
+        if not job.patch.strip():
+            self.controls.offer(key, run)  # without a patch, this run *is* the control
+        if own:
+            # No consistent verdict: the control (no agent patch) says whose fault that is.
+            mark = time.monotonic()
+            control, result.control_run = self.controls.get(
+                key, lambda: self._control_run(job, command, parser, deny_network))
+            phases.control = time.monotonic() - mark
+            verdict = attribute(own, control, required)
+            log_parts.append(
+                f"\n[no consistent verdict: {own[0].message}; control run without the agent's "
+                f"patch ({'run now' if result.control_run else 'kept'}): exit status "
+                f"{control.exit_code}, {len(control.report.states)} tests reported]\n")
+            if verdict.status is not None:
+                if verdict.status == "execution_error":
+                    log_parts.append(f"[control run output, tail]\n{control.tail}\n")
+                raise _Verdict(verdict.status, verdict.code, verdict.message)
+        resolved = all(result.tests[name] == "PASSED" for name in required)
+        result.status = "resolved" if resolved else "unresolved"
+        result.resolved = resolved
+
+    def _template_key(self, job: GradingJob, workspace: Workspace) -> str:
+        if workspace.template is not None:
+            return workspace.template.key
+        source = self.workspaces.mirrors.source_of(job.repo)
+        return template_key(source, workspace.base_commit, job.setup, job.env)
+
+    def _control_run(
+        self, job: GradingJob, command: str, parser: str, deny_network: bool
+    ) -> RunEvidence:
+        """The task's tests without the agent's patch, in a fresh workspace of the same
+        template, with a wall clock of their own (the agent's run cannot use it up)."""
+        workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
+        try:
+            _apply_test_patch(workspace, job)
+            deadline = time.monotonic() + self.wall_clock(job)
+            return self._run_tests(job, command, parser, workspace, deadline, [], deny_network)
+        finally:
+            workspace.destroy()
+
+    def _run_tests(
+        self,
+        job: GradingJob,
+        command: str,
+        parser: str,
+        workspace: Workspace,
+        deadline: float,
+        log_parts: list[str],
+        deny_network: bool,
+    ) -> RunEvidence:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
+        report_name = f"report-{uuid.uuid4().hex}.jsonl"
+        env = workspace.sandbox_env(job.env)
         test_env = dict(env)
         test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
         test_env["PYTHONPATH"] = os.pathsep.join(
@@ -236,78 +351,53 @@ class Grader:
             test_env["DOCKYARD_REPORT_MODE"] = "pytest"
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
-        mark = time.monotonic()
-        outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
-        phases.tests = time.monotonic() - mark
-        run = read_report(workspace.tmp, report_name)
-        self._judge(job, run, outcome, result)
-
-    def _run_tests(
-        self,
-        command: str,
-        workspace: Workspace,
-        env: dict[str, str],
-        deadline: float,
-        log_parts: list[str],
-        deny_network: bool,
-    ) -> CommandOutcome:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Verdict("timeout", "tests_timeout", "no time left for tests")
         outcome = run_command(
             command,
             cwd=str(workspace.path),
-            env=env,
+            env=test_env,
             timeout=remaining,
             launcher=workspace.launcher(deny_network),
         )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
             log_parts.append(f"\n[tests killed after {outcome.duration_s:.1f}s wall clock]\n")
-        return outcome
-
-    @staticmethod
-    def _judge(
-        job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
-    ) -> None:
-        if job.spec.rules == "swebench":
-            return _judge_swebench(job, run, outcome, result)
-        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
-        tests = dict(run.states)
-        for name in required:
-            tests[name] = run.lookup(name)
-            alias_target = run.aliases.get(name)
-            if alias_target is not None and alias_target != name:
-                tests.pop(alias_target, None)
-        result.tests = tests
-        result.test_exit_code = outcome.exit_code
-        result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
-        result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
-        if outcome.timed_out:
-            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
-        assert outcome.exit_code is not None
-        conflict = exit_status_conflict(run, outcome.exit_code)
-        if conflict:
-            raise _Verdict("execution_error", "inconsistent_results", conflict)
-        resolved = all(tests[name] == "PASSED" for name in required)
-        result.status = "resolved" if resolved else "unresolved"
-        result.resolved = resolved
+        report = read_report(workspace.tmp, report_name)
+        return RunEvidence.of(report, outcome.exit_code, outcome.timed_out, parser, outcome.output)
 
 
-def _judge_swebench(
-    job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
-) -> None:
+def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
+    try:
+        apply_patches(workspace, "", job.spec.test_patch)
+    except TestPatchFailed as exc:
+        raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+
+
+def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
+    """Per-test states of the run into ``result``; a required test not reported is MISSING."""
+    tests = dict(run.report.states)
+    for name in [*job.spec.fail_to_pass, *job.spec.pass_to_pass]:
+        tests[name] = run.report.lookup(name)
+        alias_target = run.report.aliases.get(name)
+        if alias_target is not None and alias_target != name:
+            tests.pop(alias_target, None)
+    result.tests = tests
+    result.test_exit_code = run.exit_code
+    result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
+    result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
+
+
+def _judge_swebench(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
     """SWE-bench's harness rules (``swebench_rules``): its status map, report and resolution."""
     f2p, p2p = job.spec.fail_to_pass, job.spec.pass_to_pass
-    statuses = swebench_rules.status_map(run, [*f2p, *p2p])
-    judged = swebench_rules.judge(statuses, f2p, p2p, outcome.exit_code or 0)
+    statuses = swebench_rules.status_map(run.report, [*f2p, *p2p])
+    judged = swebench_rules.judge(statuses, f2p, p2p, run.exit_code or 0)
     result.tests = judged.tests  # type: ignore[assignment]
-    result.test_exit_code = outcome.exit_code
+    result.test_exit_code = run.exit_code
     result.fail_to_pass = TestSplit(passed=judged.report["FAIL_TO_PASS"]["success"],
                                     failed=judged.report["FAIL_TO_PASS"]["failure"])
     result.pass_to_pass = TestSplit(passed=judged.report["PASS_TO_PASS"]["success"],
                                     failed=judged.report["PASS_TO_PASS"]["failure"])
-    if outcome.timed_out:
+    if run.timed_out:
         raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
     if judged.problem is not None:
         raise _Verdict("unresolved", *judged.problem)

@@ -249,6 +249,9 @@ def test_preflight_flags_vacuous_flaky_and_errors(
         ),
         # Refused by the executor: no verdict, which is not evidence against the instance.
         demo_instance(demo_task, "no-repo", repo=str(tmp_path / "missing-repo")),
+        # A required test the runner never reports: the task is broken, whatever the patch.
+        demo_instance(demo_task, "broken", FAIL_TO_PASS=json.dumps(
+            [*demo_task.fail_to_pass, "tests/test_calc.py::test_subtract"])),
     ]
     path = write_lines(tmp_path / "instances.jsonl", instances)
     allowlist, findings = tmp_path / "allow.txt", tmp_path / "preflight.json"
@@ -279,14 +282,19 @@ def test_preflight_flags_vacuous_flaky_and_errors(
         "empty-passes": "vacuous",
         "flaky": "flaky",
         "no-repo": "error",
+        "broken": "vacuous",
     }
     assert checks["ref-fails"]["flags"] == ["reference_fails"]
     assert checks["empty-passes"]["flags"] == ["empty_passes"]
     assert "flaky_reference" in checks["flaky"]["flags"]
     assert checks["flaky"]["flaky_tests"] == ["tests/test_flaky.py::test_flaky"]
     assert "unknown_repo" in checks["no-repo"]["errors"][0]
+    assert checks["broken"]["flags"] == ["task_broken (test_ids_not_found)"]
+    # What the instance was checked under (egress allowed on this executor), recorded once.
+    [conditions] = checks["good"]["conditions"]
+    assert conditions["egress"] is True and conditions["python"] and conditions["workspace_mode"]
     out = capsys.readouterr().out
-    assert "1 ok, 2 vacuous, 1 flaky, 1 error" in out
+    assert "1 ok, 3 vacuous, 1 flaky, 1 error" in out
 
 
 def test_preflight_twice_grades_every_repeat_both_times(

@@ -7,8 +7,6 @@ what the attack saw reaches the log). The attack scripts print ``ESCAPED: ...`` 
 that worked and ``ATTACK-DONE`` at their end; a test asserts the script ran to its end, that
 nothing escaped, and that nothing of the attack survives the task (processes, files on the host,
 later verdicts).
-
-Tests marked xfail name a hole that is still open (see each reason).
 """
 
 from __future__ import annotations
@@ -776,7 +774,7 @@ def test_graded_code_does_not_run_in_the_executors_interpreter(executor, demo_ta
 
 
 # ---------------------------------------------------------------------------------- found holes
-# Holes these attacks found: the ones still open are strict xfails naming the hole.
+# Holes these attacks found, closed since: each test names the hole it was.
 
 
 _SH_PAYLOAD = (
@@ -843,30 +841,31 @@ if _dy_reporter is not None:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (reward): the reporter runs in the test process, so module code the tests import can "
-    "rewrite what it records (sys.modules['dockyard_report'].record, or append to the report "
-    "file it finds in /tmp) and force exit status 0 (atexit os._exit(0)): an unfixed bug is "
-    "graded `resolved` while pytest's own output shows the failures"))
 def test_code_under_test_cannot_rewrite_its_own_verdict(executor, demo_task):
+    """Was a hole (reward): the reporter runs in the test process, so module code the tests
+    import rewrote what it records (sys.modules['dockyard_report'].record) and forced exit status
+    0 (atexit os._exit(0)): an unfixed bug was graded `resolved` while pytest's own output showed
+    the failures. The reporter's count is now checked against pytest's summary line, which the
+    executor reads from the output out of process; they disagree, the control agrees."""
     _require_sandbox(executor)
     source = BASE_FILES["calc/__init__.py"]
     patch = diff_of(Path(demo_task.repo), {"calc/__init__.py": FORGE_THE_REPORTER + source})
     result = executor.submit(demo_task.request("forger", patch)).json()
     assert "assert -1 == 5" in result["log"]  # the bug is still there
-    assert result["status"] == "unresolved"
+    assert result["test_exit_code"] == 0  # the forged exit status
+    assert (result["status"], result["error_code"]) == ("unresolved", "report_mismatch"), result
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (reward): DESIGN.md says a run that crashes or reports no tests is compared with the "
-    "control (no agent patch) and is `unresolved` when the control is consistent; the grader has "
-    "no control run, so module code that kills its own test run (`kill -9 -1`, os._exit) turns "
-    "a certain 0 into `execution_error` (no verdict, which reward code excludes)"))
 def test_a_test_run_that_kills_itself_is_unresolved(executor, demo_task):
+    """Was a hole (reward): module code that killed its own test run (`kill -9 -1`) turned a
+    certain 0 into `execution_error` (no verdict, which reward code excludes); a run that
+    crashes is now compared with the control (no agent patch), which is consistent."""
     _require_sandbox(executor)
     patch = _attack_patch(demo_task, "kill -9 -1")
     result = executor.submit(demo_task.request("suicide", patch)).json()
     assert result["status"] == "unresolved", (result["status"], result.get("error"))
+    assert result["error_code"] == "tests_crashed"
+    assert result["control_run"] is True
 
 
 def test_snapshots_count_against_the_disk_quota(executor_factory, demo_task):
