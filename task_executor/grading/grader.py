@@ -31,10 +31,10 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from . import swebench_rules
 from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
-from . import swebench_rules
 from .diffs import split_patch
 from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
 from .results import read_report

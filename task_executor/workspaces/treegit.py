@@ -38,20 +38,18 @@ export GIT_DIR="$DY_REPO" GIT_WORK_TREE="$DY_TREE" GIT_INDEX_FILE="$DY_SCRATCH/i
 export GIT_OBJECT_DIRECTORY="$DY_SCRATCH/objects"
 export GIT_ALTERNATE_OBJECT_DIRECTORIES="$DY_REPO/objects"
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/dev/null
-mkdir -p "$DY_SCRATCH/objects/info"
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.autocrlf=false \
           -c core.bare=false -c safe.directory='*' "$@"; }
 cd "$DY_TREE" || exit 3
 """
 
 # Apply one patch file: git, then git ignoring whitespace, then GNU patch with fuzz (as
-# SWE-bench's harness does). Each attempt is checked first, so a failed one leaves no half.
+# SWE-bench's harness does). A failed attempt leaves no half: git apply checks every hunk before
+# it writes anything (no --check run first: a process less), patch gets a dry run.
 APPLY_FUNCTION = r"""
 apply_patch() {
     for opts in "" "--ignore-whitespace --recount"; do
-        if g apply --whitespace=nowarn $opts --check "$1" 2>>"$DY_SCRATCH/errors"; then
-            g apply --whitespace=nowarn $opts "$1" 2>>"$DY_SCRATCH/errors" && return 0
-        fi
+        g apply --whitespace=nowarn $opts "$1" 2>>"$DY_SCRATCH/errors" && return 0
     done
     if command -v patch >/dev/null; then
         set -- "$1" --batch --fuzz=5 -p1 --forward --no-backup-if-mismatch
@@ -92,7 +90,9 @@ def run_in_tree(
     scratch = workspace.rw / f"scratch-{uuid.uuid4().hex[:12]}"
     scratch.mkdir(mode=0o700)
     try:
-        factory.hand_over(scratch)
+        (scratch / "objects" / "info").mkdir(parents=True)  # git's, made here: an exec less
+        for made in (scratch, scratch / "objects", scratch / "objects" / "info"):
+            factory.hand_over(made)
         for name, data in (inputs or {}).items():
             (scratch / name).write_bytes(data)
             factory.hand_over(scratch / name)  # (no chown -R: a process less per step)
