@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
+from .errors import InvalidConfig
 from .protocol import GradingSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -76,11 +77,11 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         if not self.urls:
-            raise ValueError("ClientConfig needs at least one executor URL")
+            raise InvalidConfig("ClientConfig needs at least one executor URL")
         if self.routing not in get_args(Routing):
-            raise ValueError(f"routing must be one of {get_args(Routing)}, got {self.routing!r}")
+            raise InvalidConfig(f"routing must be one of {get_args(Routing)}, got {self.routing!r}")
         if self.affinity_k < 1:
-            raise ValueError(f"affinity_k must be at least 1, got {self.affinity_k}")
+            raise InvalidConfig(f"affinity_k must be at least 1, got {self.affinity_k}")
         object.__setattr__(self, "urls", tuple(normalize_url(u) for u in self.urls))
 
     def run_read_timeout(self, run_s: float | None) -> float:
@@ -101,7 +102,7 @@ def normalize_url(url: str) -> str:
     cleaned = url.strip().rstrip("/")
     parts = urlsplit(cleaned)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"executor URL must look like http://host:port, got {url!r}")
+        raise InvalidConfig(f"executor URL must look like http://host:port, got {url!r}")
     return cleaned
 
 

@@ -134,3 +134,22 @@ def test_demo_script_exits_1_showing_why_when_a_verdict_is_not_the_promised_one(
 
         unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_readme_examples_import_what_the_package_exports() -> None:
+    """Every ``from sandbox_client import ...`` in the README's Python examples names something the
+    package exports, and the trainer examples spell the seed's models (TaskSpec, ...)."""
+    import re
+
+    import sandbox_client
+
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    imported = {
+        name.strip()
+        for block in blocks
+        for names in re.findall(r"^from sandbox_client import (.+)$", block, flags=re.M)
+        for name in names.split(",")
+    }
+    assert {"TaskSpec", "TaskResult", "SessionStartSpec", "ExecResult", "FinishResult"} <= imported
+    assert sorted(n for n in imported if n not in sandbox_client.__all__) == []
