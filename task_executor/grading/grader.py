@@ -189,7 +189,7 @@ class Grader:
                 **{name: round(seconds, 4) for name, seconds in phases.model_dump().items()}
             )
             result.duration_s = round(time.monotonic() - started, 4)
-            result.log = "".join(log_parts)[-self.settings.log_tail_bytes :]
+            result.log = "".join(log_parts)[-self._log_limits(job)[2] :]
             log.info(
                 "task %s status=%s duration=%.2fs", job.task_id, result.status, result.duration_s
             )
@@ -237,14 +237,25 @@ class Grader:
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
         mark = time.monotonic()
-        outcome = self._run_tests(command, workspace, test_env, deadline, log_parts, deny_network)
+        outcome = self._run_tests(command, job, workspace, test_env, deadline, log_parts,
+                                  deny_network)
         phases.tests = time.monotonic() - mark
         run = read_report(workspace.tmp, report_name)
         self._judge(job, run, outcome, result)
 
+    def _log_limits(self, job: GradingJob) -> tuple[int, int, int]:
+        """(head, tail) of the test output kept, and the log's own cap: the default tail, or
+        what ``log_bytes`` asks, up to ``max_log_bytes``, plus room for setup's and apply's."""
+        wanted = job.spec.log_bytes
+        if wanted is None:
+            return 16 * 1024, 48 * 1024, self.settings.log_tail_bytes
+        kept = min(wanted, self.settings.max_log_bytes)
+        return kept // 4, kept - kept // 4, kept + self.settings.log_tail_bytes
+
     def _run_tests(
         self,
         command: str,
+        job: GradingJob,
         workspace: Workspace,
         env: dict[str, str],
         deadline: float,
@@ -254,12 +265,15 @@ class Grader:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Verdict("timeout", "tests_timeout", "no time left for tests")
+        head, tail, _ = self._log_limits(job)
         outcome = run_command(
             command,
             cwd=str(workspace.path),
             env=env,
             timeout=remaining,
             launcher=workspace.launcher(deny_network),
+            head=head,
+            tail=tail,
         )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
