@@ -187,6 +187,11 @@ class SandboxClient:
         self._fleet.answered(url, answer.load)
         return answer
 
+    def check_token(self, url: str) -> None:
+        """One authenticated call on ``url`` (``GET /metrics``, no retries): raises
+        ``ExecutorRejected`` with status 401 when it refuses this client's token."""
+        self._exchange(url, "GET", "/metrics", None, self.config.read_timeout)
+
     def fleet_status(self) -> dict[str, ExecutorStatus]:
         """Each executor as this client sees it: healthy or ejected, requests in flight, last
         error, ejections, failed connects, task capacity, seconds to its next probe."""

@@ -128,10 +128,12 @@ class InvalidSpec(TaskExecutorError, ValueError):
 
     code = "invalid_spec"
 
-    def __init__(self, message: str, *, field: str, model: str) -> None:
+    def __init__(self, message: str, *, field: str, model: str, problem: str = "") -> None:
         super().__init__(message)
         #: The first offending field, dotted (``fail_to_pass.0``; ``body`` for the whole).
         self.field = field
+        #: What is wrong with it (pydantic's message).
+        self.problem = problem
         #: The protocol model it was validated as (``TaskSpec``, ``SessionStartSpec`` ...).
         self.model = model
 
@@ -157,5 +159,6 @@ def parse_spec(model: type[M], value: Any) -> M:
     except pydantic.ValidationError as exc:
         where, problem = first_problem(exc)
         raise InvalidSpec(
-            f"invalid {model.__name__}: {where}: {problem}", field=where, model=model.__name__
+            f"invalid {model.__name__}: {where}: {problem}",
+            field=where, model=model.__name__, problem=problem,
         ) from exc
