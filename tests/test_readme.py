@@ -153,3 +153,22 @@ def test_readme_examples_import_what_the_package_exports() -> None:
     }
     assert {"TaskSpec", "TaskResult", "SessionStartSpec", "ExecResult", "FinishResult"} <= imported
     assert sorted(n for n in imported if n not in sandbox_client.__all__) == []
+
+
+def test_readme_specs_example_is_a_valid_specs_file(tmp_path: Path) -> None:
+    """The ``--specs`` example in the README loads, and fills a SWE-bench instance with it."""
+    import re
+
+    from sandbox_client.cli.specs import RepoSpecs
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("**`--specs FILE`**", 1)[1]
+    example = re.search(r"```json\n(.*?)```", section, flags=re.S)
+    assert example is not None
+    (tmp_path / "specs.json").write_text(example.group(1))
+    specs = RepoSpecs.load(tmp_path / "specs.json")
+    patch = "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n" \
+        "+++ b/tests/test_x.py\n"
+    filled = specs.fill({"repo": "psf/requests", "version": "2.0", "test_patch": patch})
+    assert filled["test_command"].endswith("-p no:cacheprovider tests/test_x.py")
+    assert "'pytest<4'" in filled["setup"][1] and filled["env"] == {"PIP_NO_CACHE_DIR": "1"}
