@@ -163,16 +163,20 @@ def resolve_config(
 
     if timeout is not None:
         if isinstance(timeout, tuple):
-            changes["connect_timeout"], changes["read_timeout"] = map(float, timeout)
+            if len(timeout) != 2:
+                raise InvalidConfig(f"timeout must be a number or (connect, read), got {timeout!r}")
+            connect, read = timeout
+            changes["connect_timeout"] = _number(float, connect, "timeout")
+            changes["read_timeout"] = _number(float, read, "timeout")
         else:
-            changes["read_timeout"] = float(timeout)
+            changes["read_timeout"] = _number(float, timeout, "timeout")
 
     if task_timeout is not None:
-        changes["task_timeout"] = float(task_timeout)
+        changes["task_timeout"] = _number(float, task_timeout, "task_timeout")
     elif base is None:
         from_trainer = lookup(trainer, "env.code.task_timeout")
         if from_trainer is not None:
-            changes["task_timeout"] = float(from_trainer)
+            changes["task_timeout"] = _number(float, from_trainer, "env.code.task_timeout")
 
     if routing is not None:
         changes["routing"] = routing
@@ -184,8 +188,20 @@ def resolve_config(
             changes["routing"] = env[ROUTING_ENV].strip()
 
     if affinity_k is not None:
-        changes["affinity_k"] = int(affinity_k)
+        changes["affinity_k"] = _number(int, affinity_k, "affinity_k")
     elif base is None and lookup(trainer, "env.code.affinity_k") is not None:
-        changes["affinity_k"] = int(lookup(trainer, "env.code.affinity_k"))
+        changes["affinity_k"] = _number(int, lookup(trainer, "env.code.affinity_k"),
+                                        "env.code.affinity_k")
 
     return replace(base or ClientConfig(), **changes)
+
+
+N = TypeVar("N", int, float)
+
+
+def _number(kind: type[N], value: Any, name: str) -> N:
+    """``value`` as ``kind``, or ``InvalidConfig`` naming the setting."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise InvalidConfig(f"{name} must be a number, got {value!r}") from None

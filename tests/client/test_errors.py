@@ -216,7 +216,9 @@ def test_a_spec_the_client_refuses_is_invalid_spec_naming_the_field(
 
 
 def test_an_unusable_configuration_is_invalid_config() -> None:
-    for bad in ({"urls": "ftp://x"}, {"urls": []}, {"urls": "http://a:1", "routing": "random"}):
+    for bad in ({"urls": "ftp://x"}, {"urls": []}, {"urls": "http://a:1", "routing": "random"},
+                {"urls": "http://a:1", "timeout": "soon"}, {"urls": "http://a:1", "timeout": (1,)},
+                {"urls": "http://a:1", "config": {"env": {"code": {"task_timeout": "x"}}}}):
         with pytest.raises(InvalidConfig) as info:
             SandboxClient(**bad)
         assert isinstance(info.value, ValueError) and info.value.code == "invalid_config"
