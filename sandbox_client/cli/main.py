@@ -269,9 +269,12 @@ def _grade(args: argparse.Namespace) -> int:
         report = GradeReport(args.output, instances, predictions, client.urls,
                              run={"run_id": run_id, "log_dir": str(log_dir)})
 
+        sent: list[bool] = []  # the fleet check passed: tasks go out, errors are this run's
+
         def check() -> None:
             for warning in check_fleet(client):
                 print(f"dockyard grade: {warning}", file=sys.stderr)
+            sent.append(True)
 
         try:
             grade_predictions(
@@ -288,7 +291,8 @@ def _grade(args: argparse.Namespace) -> int:
                 before_sending=check,
             )
         finally:
-            _print_errors(report)
+            if sent:
+                _print_errors(report)
     s = report.summary()
     share = 100.0 * s["resolved_instances"] / max(1, s["submitted_instances"])
     print(

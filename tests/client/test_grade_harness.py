@@ -60,7 +60,7 @@ def test_a_refused_token_stops_the_run_before_any_task(
     err = capsys.readouterr().err
     assert status == 2 and report is None
     assert "executors refused the token (401 unauthorized)" in err and "--token" in err
-    assert "grading" not in err  # not one task was sent
+    assert "grading" not in err and "not_graded" not in err  # not one task was sent
 
 
 def test_no_executor_reachable_stops_the_run(
