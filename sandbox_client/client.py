@@ -11,11 +11,15 @@ Rules this module keeps (DESIGN.md, STYLE.md habit 4):
   the next in rank). When every executor in rotation answered 429/503, the call waits
   (``Retry-After`` is the floor of a jittered exponential backoff) and starts again from its first
   choice, within a count and a time budget. Calls pinned to one executor wait out 429/503 there.
-* A submit whose reply was lost is re-submitted with the same ``task_id`` to the same executor,
-  which answers the stored verdict (or 409 ``task_in_progress`` while it still grades): the
-  tests never run twice for one task_id while that executor lives. If it cannot be connected to
-  any more, the grading died with it and the task is placed again, elsewhere: no verdict is lost
-  to a dead executor. Nothing else is ever replayed after a lost reply.
+  An executor that answers 409 ``conditions_mismatch`` (it cannot give the conditions the call
+  declares) is not asked again by that call, which moves on to the next in rank.
+* Every ``run_task`` call sends one ``Idempotency-Key`` of its own. A submit whose reply was
+  lost is re-submitted with that key to the same executor, which answers the stored verdict (or
+  409 ``task_in_progress`` while it still grades): the tests never run twice for one call while
+  that executor lives, and a new call (same body or not) always grades afresh. If the executor
+  cannot be connected to any more, the grading died with it and the task is placed again,
+  elsewhere: no verdict is lost to a dead executor. A session's ``finish`` is retried the same
+  way (``session.py``); nothing else is ever replayed after a lost reply.
 * Every call carries a ``(connect, read)`` timeout; calls that run tests or commands read for
   their own wall clock plus a margin.
 * Every failure leaves through ``_exchange``, the one boundary that translates requests, urllib3
@@ -29,6 +33,7 @@ import itertools
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, overload
@@ -52,6 +57,7 @@ from .errors import (
     parse_spec,
 )
 from .protocol import (
+    IDEMPOTENCY_HEADER,
     ErrorResponse,
     HealthResponse,
     SessionStartResult,
@@ -70,6 +76,7 @@ T = TypeVar("T")
 
 USER_AGENT = "dockyard-sandbox-client/1"
 _BUSY_STATUSES = frozenset({429, 503})
+CONDITIONS_MISMATCH = "conditions_mismatch"
 
 
 class _GradingDied(Exception):
@@ -153,20 +160,23 @@ class SandboxClient:
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the executor its template is placed on; raises
         ``TaskExecutorError`` on failure (``InvalidSpec`` for a spec that does not validate)."""
-        task = self.config.with_task_timeout(parse_spec(TaskSpec, spec))
+        task = self.config.with_conditions(
+            self.config.with_task_timeout(parse_spec(TaskSpec, spec)))
         body = task.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(task.timeout)
         key = template_key(task.repo, task.base_commit, task.setup, task.env)
+        # One key per call: its own re-submits replay the verdict, a new call grades afresh.
+        submission = uuid.uuid4().hex
         url, result = self._place(
             "task", key, f"task {task.task_id}",
-            lambda url: self._submit(url, task.task_id, body, read),
+            lambda url: self._submit(url, task.task_id, body, read, submission),
         )
         log.info("task %s: %s in %.1fs on %s", task.task_id, result.status, result.duration_s, url)
         return result
 
     def start_session(self, spec: SessionStartSpec | Mapping[str, Any]) -> RemoteSession:
         """Open a shell session where its template is placed; later calls all go there."""
-        start = parse_spec(SessionStartSpec, spec)
+        start = self.config.with_conditions(parse_spec(SessionStartSpec, spec))
         body = start.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(None)
         key = template_key(start.repo, start.base_commit, start.setup, start.env)
@@ -218,6 +228,7 @@ class SandboxClient:
         busy: set[str] = set()  # answered 429/503 in this round
         failures: list[TaskExecutorError] = []
         rejected: ExecutorBusy | None = None
+        mismatched: ExecutorRejected | None = None
         lost: ReplyLost | None = None
         waited, rounds = 0.0, 0
         started = time.monotonic()
@@ -228,6 +239,8 @@ class SandboxClient:
             url = self._fleet.reserve(kind, ranked, out | busy, wait_until)
             if url is None:
                 if rejected is None or not busy:
+                    if mismatched is not None:
+                        raise mismatched
                     if lost is not None:
                         raise lost
                     raise ExecutorUnreachable(
@@ -251,6 +264,13 @@ class SandboxClient:
                 answer = rejected = exc
                 busy.add(url)
                 log.info("%s: %s answered %s; trying the next executor", what, url, exc.code)
+            except ExecutorRejected as exc:
+                if exc.code != CONDITIONS_MISMATCH:
+                    raise
+                out.add(url)
+                mismatched = exc
+                log.info("%s: %s cannot give its conditions (%s); trying the next executor",
+                         what, url, exc.message)
             except ExecutorUnreachable as exc:
                 out.add(url)
                 failures.append(exc)
@@ -265,8 +285,11 @@ class SandboxClient:
                 self._fleet.release(url, kind, answer is not None,
                                     answer.retry_after if answer is not None else None)
 
-    def _submit(self, url: str, task_id: str, body: dict[str, Any], read: float) -> TaskResult:
-        """Submit, and after a lost reply re-submit the same task_id to the same executor."""
+    def _submit(
+        self, url: str, task_id: str, body: dict[str, Any], read: float, submission: str
+    ) -> TaskResult:
+        """Submit, and after a lost reply re-submit with the same idempotency key to the same
+        executor."""
         lost: ReplyLost | None = None
         for attempt in range(self.config.resubmits + 1):
             if lost is not None and not self._fleet.still_there(url):
@@ -278,6 +301,7 @@ class SandboxClient:
                     "/task/submit",
                     TaskResult,
                     json=body,
+                    headers={IDEMPOTENCY_HEADER: submission},
                     read_timeout=read,
                     poll_in_progress=True,
                     # Not taken yet: the placement may try elsewhere. Once it may be grading
@@ -287,7 +311,7 @@ class SandboxClient:
             except ReplyLost as exc:
                 lost = exc
                 log.warning(
-                    "task %s: reply lost from %s (%s); re-submit %d of %d with the same task_id",
+                    "task %s: reply lost from %s (%s); re-submit %d of %d with the same key",
                     task_id,
                     url,
                     exc.message,

@@ -8,11 +8,14 @@ The token comes from the argument, else ``DOCKYARD_API_TOKEN``. The trainer conf
 ``env.code.task_timeout`` becomes the wall clock sent with tasks that do not set their own.
 How work is dealt (``affinity``, the default, or ``round_robin``) and over how many executors a
 template may live come from the arguments, else ``env.code.routing`` / ``env.code.affinity_k``,
-else ``DOCKYARD_ROUTING``.
+else ``DOCKYARD_ROUTING``. The conditions every task and session must run under (unless it declares
+its own) come from the ``conditions`` argument, else ``env.code.conditions``, else
+``DOCKYARD_CONDITIONS`` (a JSON object).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,12 +23,13 @@ from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from .errors import InvalidConfig
-from .protocol import GradingSpec
+from .protocol import GradingSpec, RequiredConditions, SessionStartSpec, TaskSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 URLS_ENV = "DOCKYARD_SANDBOX_URLS"
 TOKEN_ENV = "DOCKYARD_API_TOKEN"
 ROUTING_ENV = "DOCKYARD_ROUTING"
+CONDITIONS_ENV = "DOCKYARD_CONDITIONS"
 
 Routing = Literal["affinity", "round_robin"]
 """``affinity``: a template's tasks and sessions go to the executors its key ranks first
@@ -33,6 +37,7 @@ Routing = Literal["affinity", "round_robin"]
 
 Timeout = float | tuple[float, float]
 G = TypeVar("G", bound="GradingSpec")
+C = TypeVar("C", "TaskSpec", "SessionStartSpec")
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class ClientConfig:
     probe_max_s: float = 30.0
     #: Read timeout of those probes (``/health`` answers within about 2 s when it can).
     probe_read_timeout: float = 10.0
+    #: Conditions every task and session must run under unless it declares its own; an executor
+    #: that cannot give them answers 409 ``conditions_mismatch`` and the call moves on.
+    conditions: RequiredConditions | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -88,6 +96,12 @@ class ClientConfig:
         """Read timeout for a call that runs something for up to ``run_s`` seconds."""
         budget = run_s if run_s is not None else (self.task_timeout or self.fallback_run_s)
         return budget + self.timeout_margin
+
+    def with_conditions(self, spec: C) -> C:
+        """``spec`` declaring this config's conditions when it declares none."""
+        if spec.conditions is None and self.conditions is not None:
+            return spec.model_copy(update={"conditions": self.conditions})
+        return spec
 
     def with_task_timeout(self, spec: G) -> G:
         """``spec`` with ``task_timeout`` as its wall clock when it sets none (tasks and finishes
@@ -134,6 +148,7 @@ def resolve_config(
     task_timeout: float | None = None,
     routing: str | None = None,
     affinity_k: int | None = None,
+    conditions: RequiredConditions | Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ClientConfig:
     """Build a ``ClientConfig`` from arguments, a trainer config and the environment.
@@ -193,6 +208,18 @@ def resolve_config(
         changes["affinity_k"] = _number(int, lookup(trainer, "env.code.affinity_k"),
                                         "env.code.affinity_k")
 
+    if conditions is None and base is None:
+        from_trainer = lookup(trainer, "env.code.conditions")
+        if from_trainer is not None:
+            conditions = {str(k): v for k, v in _items(from_trainer)}
+        elif env.get(CONDITIONS_ENV, "").strip():
+            try:
+                conditions = json.loads(env[CONDITIONS_ENV])
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{CONDITIONS_ENV} is not a JSON object: {exc}") from exc
+    if conditions is not None:
+        changes["conditions"] = RequiredConditions.model_validate(conditions)
+
     return replace(base or ClientConfig(), **changes)
 
 
@@ -205,3 +232,10 @@ def _number(kind: type[N], value: Any, name: str) -> N:
         return kind(value)
     except (TypeError, ValueError):
         raise InvalidConfig(f"{name} must be a number, got {value!r}") from None
+def _items(node: Any) -> Iterable[tuple[Any, Any]]:
+    """A mapping's or an attribute object's items (a trainer config's ``conditions``)."""
+    if isinstance(node, Mapping):
+        return node.items()
+    if hasattr(node, "items"):
+        return node.items()
+    return vars(node).items()

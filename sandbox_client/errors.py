@@ -14,8 +14,8 @@ sending anything is one of them too. The tree says what a caller may safely do n
     │                                 refused, connect timeout, name resolution): safe to send
     │                                 anywhere else
     ├── ReplyLost                     the request went out but no answer came back: it may have
-    │   │                             run; only an idempotent re-submit (same task_id, same
-    │   │                             executor) is safe
+    │   │                             run; only an idempotent re-submit (same
+    │   │                             Idempotency-Key, same executor) is safe
     │   ├── ExecutorTimeout           no answer within the read timeout
     │   └── ConnectionLost            the connection broke mid-call (executor killed, reset)
     ├── ExecutorRejected              the executor answered with an error (code, status, message)

@@ -14,6 +14,8 @@ so the two can never derive it differently.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -28,18 +30,43 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 PROTOCOL_VERSION = 1
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""Request header naming one logical submission (``/task/submit``, ``finish``): a retry of that
+call sends it again and gets the stored answer; a call without it always grades afresh."""
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Response header (``true``) on an answer replayed for a retry."""
+
 TaskStatus = Literal["resolved", "unresolved", "patch_apply_failed", "timeout", "execution_error"]
 """Final status of one grading. Only ``execution_error`` means "no verdict"."""
 
-TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING"]
-"""State of one test in a grading; MISSING means the test never reported a result."""
+TestState = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING", "XFAIL"]
+"""State of one test in a grading; MISSING means the test never reported a result. XFAIL (an
+expected failure) appears only under SWE-bench's rules; strict rules say PASSED for a declared
+xfail and SKIPPED for one the code under test called."""
+
+Rules = Literal["strict", "swebench"]
+"""How test states add up to a verdict: Dockyard's (strict: every required test PASSED) or the
+SWE-bench harness's (skipped PASS_TO_PASS tests maintained, XFAIL a pass)."""
 
 LogParser = Literal["pytest", "django", "unittest"]
 """Which test framework's results to collect."""
+
+TASK_FAULT_CODES = frozenset({"test_command_not_found", "test_runner_missing",
+                              "test_ids_not_found"})
+"""``error_code`` of an ``execution_error`` that says the task itself is broken: without the
+agent's patch (the control run) its tests give no verdict either. So does every ``control_*``
+code (``control_tests_crashed``, ...). Retrying elsewhere will not help; fix or drop the task."""
+
+
+def task_is_broken(error_code: str | None) -> bool:
+    """Whether ``error_code`` says the task is broken, not the patch or the infrastructure."""
+    return error_code is not None and (
+        error_code in TASK_FAULT_CODES or error_code.startswith("control_"))
 
 
 def _json_list(value: Any) -> Any:
@@ -57,6 +84,16 @@ def _json_list(value: Any) -> Any:
 
 
 TestIdList = Annotated[list[str], BeforeValidator(_json_list)]
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be a JSON string: no lone surrogates (what ``surrogateescape`` makes
+    of bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_nul(value: str) -> str:
@@ -140,6 +177,43 @@ class ErrorResponse(_Response):
     error: ErrorDetail
 
 
+class RequiredConditions(_Request):
+    """Conditions a task's tests must run under; an executor that cannot give every one refuses
+    the task before grading (409 ``conditions_mismatch``) and the client sends it elsewhere."""
+
+    cpus: int | None = Field(default=None, ge=1, description="At least this many CPUs visible.")
+    cpu_quota: float | None = Field(
+        default=None, gt=0, description="At least this CPU quota, in CPUs (no quota meets any)."
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None, ge=1, description="At least this memory limit (no limit meets any)."
+    )
+    uid: int | None = Field(default=None, ge=0, description="Exactly this uid, as seen inside.")
+    gid: int | None = Field(default=None, ge=0, description="Exactly this gid, as seen inside.")
+    egress: bool | None = Field(
+        default=None,
+        description="true: network beyond loopback reachable; false: egress denied. Decides "
+        "deny_network when the request does not set it.",
+    )
+    shm_bytes: int | None = Field(default=None, ge=1, description="At least this /dev/shm size.")
+    timezone: str | None = Field(
+        default=None, max_length=64, description="Exactly this time zone (e.g. `Etc/UTC`)."
+    )
+    python: str | None = Field(
+        default=None, pattern=r"^\d+(\.\d+){0,2}$",
+        description="The version of `python` on the tests' PATH: `3.11` matches any 3.11.x.",
+    )
+    workspace_mode: Literal["overlay", "copy", "git-clone"] | None = Field(
+        default=None, description="Exactly this workspace mode."
+    )
+
+
+def _egress_agrees(deny_network: bool | None, conditions: RequiredConditions | None) -> None:
+    if deny_network is not None and conditions is not None and conditions.egress is not None:
+        if conditions.egress == deny_network:
+            raise ValueError("deny_network contradicts conditions.egress")
+
+
 class GradingSpec(_Request):
     """What the grader needs besides the agent's patch: held-out tests and how to run them."""
 
@@ -168,6 +242,12 @@ class GradingSpec(_Request):
     )
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Wall clock for the task in seconds."
+    )
+    rules: Rules | None = Field(
+        default=None,
+        description="How test states make the verdict; null: `strict` (every required test "
+        "PASSED). `swebench`: the SWE-bench harness's get_eval_tests_report and resolution "
+        "(a skipped PASS_TO_PASS test is maintained, XFAIL passes), for comparable evaluations.",
     )
     deny_network: bool | None = Field(
         default=None,
@@ -199,6 +279,13 @@ class TaskSpec(GradingSpec):
         validation_alias=AliasChoices("patch", "model_patch"),
         description="The agent's patch (unified diff); may be empty.",
     )
+    patch_base64: str | None = Field(
+        default=None,
+        description="The agent's patch as base64 of its exact bytes, instead of `patch`: for a "
+        "diff that is not UTF-8 (latin-1 contents, file names that are not UTF-8), which no "
+        "JSON string can hold. (GIT binary patches in `patch`, as finish captures them, carry "
+        "such bytes too.)",
+    )
     setup: list[ShellText] = Field(
         default_factory=list,
         description="Shell commands that prepare the environment, run at base_commit.",
@@ -206,6 +293,53 @@ class TaskSpec(GradingSpec):
     env: EnvMapping = Field(
         default_factory=dict, description="Extra environment variables for setup and tests."
     )
+    conditions: RequiredConditions | None = Field(
+        default=None, description="Conditions the tests must run under (409 where not met)."
+    )
+
+    @model_validator(mode="after")
+    def _conditions_agree(self) -> TaskSpec:
+        _egress_agrees(self.deny_network, self.conditions)
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _raw_patch_as_base64(cls, data: Any) -> Any:
+        # A patch handed over as bytes, or as text that holds bytes decoded with surrogateescape,
+        # goes as patch_base64: as a JSON string it would be refused (or lose those bytes).
+        if not isinstance(data, dict) or "patch_base64" in data:
+            return data
+        for name in ("patch", "model_patch"):
+            value = data.get(name)
+            if isinstance(value, str) and not is_utf8(value):
+                value = value.encode("utf-8", "surrogateescape")
+            if isinstance(value, bytes):
+                rest = {key: item for key, item in data.items() if key != name}
+                return {**rest, "patch_base64": base64.b64encode(value).decode("ascii")}
+        return data
+
+    @field_validator("patch_base64")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                base64.b64decode(value.encode("ascii"), validate=True)
+            except (UnicodeEncodeError, binascii.Error) as exc:
+                raise ValueError(f"not base64 ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_patch(self) -> TaskSpec:
+        if self.patch_base64 is not None and self.patch:
+            raise ValueError("give patch or patch_base64, not both")
+        return self
+
+    def patch_text(self) -> str:
+        """The agent's patch as the executor handles patches: text in which every byte that is
+        not UTF-8 is kept as a lone surrogate (``surrogateescape``)."""
+        if self.patch_base64 is None:
+            return self.patch
+        return base64.b64decode(self.patch_base64).decode("utf-8", "surrogateescape")
 
 
 class PhaseTimings(_Response):
@@ -221,6 +355,11 @@ class PhaseTimings(_Response):
     )
     apply: float = Field(default=0.0, description="Agent patch and test patch application.")
     tests: float = Field(default=0.0, description="Test command.")
+    control: float = Field(
+        default=0.0,
+        description="Running (or waiting for) the control: the tests without the agent's patch, "
+        "needed only when the run gave no consistent verdict, once per task.",
+    )
     cleanup: float = Field(default=0.0, description="Working tree removal.")
 
 
@@ -231,6 +370,28 @@ class TestSplit(_Response):
     failed: list[str] = Field(
         default_factory=list, description="Tests that failed, errored, were skipped or missing."
     )
+
+
+class RunConditions(_Response):
+    """The conditions a grading's tests ran under: measured inside the sandbox where they can
+    differ from the executor's view (CPUs, uid/gid, /dev/shm, time zone, interpreter)."""
+
+    cpus: int | None = Field(default=None, description="CPUs the tests can run on.")
+    cpu_quota: float | None = Field(
+        default=None, description="CPU quota in CPUs (the executor's cgroup); null: none."
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None, description="Memory the workspace may use; null: no limit."
+    )
+    uid: int | None = Field(default=None, description="uid of the tests, as seen inside.")
+    gid: int | None = Field(default=None, description="gid of the tests, as seen inside.")
+    egress: bool = Field(default=True, description="Network beyond loopback was not denied.")
+    shm_bytes: int | None = Field(default=None, description="Size of /dev/shm.")
+    timezone: str | None = Field(default=None, description="The tests' time zone.")
+    python: str | None = Field(
+        default=None, description="Version of `python` on the tests' PATH (null: none)."
+    )
+    workspace_mode: str = Field(default="", description="`overlay`, `copy` or `git-clone`.")
 
 
 class TaskResult(_Response):
@@ -261,9 +422,23 @@ class TaskResult(_Response):
         description="Setup and test output: its tail (64 KiB), or as many bytes as log_bytes "
         "asked for.",
     )
-    error: str | None = Field(default=None, description="Why there is no verdict, if so.")
+    error: str | None = Field(
+        default=None, description="Why there is no verdict, or why the run gave none by itself."
+    )
     error_code: str | None = Field(
-        default=None, description="Machine-readable reason for execution_error or timeout."
+        default=None,
+        description="Machine-readable reason for execution_error or timeout, and for an "
+        "unresolved run that gave no consistent verdict (`tests_crashed`, `no_tests_reported`, "
+        "`exit_status_mismatch`, `report_mismatch`, `summary_missing`, "
+        "`required_tests_missing`).",
+    )
+    control_run: bool | None = Field(
+        default=None,
+        description="Null: the run's own verdict stood. Otherwise the control decided it: true "
+        "when this grading ran it, false when it was kept from an earlier grading of the task.",
+    )
+    conditions: RunConditions | None = Field(
+        default=None, description="What the tests ran under (null: no workspace was made)."
     )
     template_hit: bool | None = Field(
         default=None,
@@ -271,6 +446,7 @@ class TaskResult(_Response):
         "ready or being built by another request; false: this grading built it; null: this "
         "executor keeps no templates (git-clone mode).",
     )
+    rules: Rules = Field(default="strict", description="The rules the verdict was made by.")
 
 
 class SandboxLimit(_Response):
@@ -370,6 +546,16 @@ class SessionStartSpec(_Request):
     deny_network: bool | None = Field(
         default=None, description="Run the shell without network; as in TaskSpec."
     )
+    conditions: RequiredConditions | None = Field(
+        default=None,
+        description="Conditions the session and its finish grading must run under; as in "
+        "TaskSpec (409 at start where not met).",
+    )
+
+    @model_validator(mode="after")
+    def _conditions_agree(self) -> SessionStartSpec:
+        _egress_agrees(self.deny_network, self.conditions)
+        return self
 
 
 class SessionStartResult(_Response):

@@ -1,15 +1,17 @@
 """``RemoteSession``: a multi-turn shell session pinned to the executor that started it.
 
 Every call goes to the owning executor (a session lives in one executor's memory, so failing over
-would only find "no such session"); nothing is replayed after a lost reply, because ``exec`` and
-``finish`` are not idempotent. Sessions come from ``SandboxClient.start_session``, or from
-``fork()`` of another session (on the same executor: the fork is made from its workspace).
+would only find "no such session"). Only ``finish`` is sent again after a lost reply, with its
+own ``Idempotency-Key``, which the executor answers from its store; ``exec`` is never replayed.
+Sessions come from ``SandboxClient.start_session``, or from ``fork()`` of another session (on the
+same executor: the fork is made from its workspace).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -17,8 +19,16 @@ from urllib.parse import quote
 import pydantic
 
 from .config import ClientConfig
-from .errors import ExecutorRejected, ProtocolError, TaskExecutorError, parse_spec
+from .errors import (
+    ExecutorRejected,
+    ExecutorUnreachable,
+    ProtocolError,
+    ReplyLost,
+    TaskExecutorError,
+    parse_spec,
+)
 from .protocol import (
+    IDEMPOTENCY_HEADER,
     ExecRequest,
     ExecResult,
     FileWriteResult,
@@ -130,12 +140,33 @@ class RemoteSession:
         return self._call("GET", "", SessionState, self._short)
 
     def finish(self, spec: FinishSpec | None = None, **fields: Any) -> FinishResult:
-        """Capture the agent's diff and grade it; the executor closes the session."""
+        """Capture the agent's diff and grade it; the executor closes the session.
+
+        The call carries an ``Idempotency-Key`` of its own: after a lost reply it is sent again
+        with it, and the executor answers the verdict it made (or still makes) for it.
+        """
         finish = parse_spec(FinishSpec, spec if spec is not None else fields)
         finish = self.client.config.with_task_timeout(finish)
         read = self.client.config.run_read_timeout(finish.timeout)
         body = finish.model_dump(mode="json", exclude_none=True)
-        result = self._call("POST", "/finish", FinishResult, read, json=body)
+        headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
+        lost: ReplyLost | None = None
+        for attempt in range(self.client.config.resubmits + 1):
+            try:
+                result = self._call("POST", "/finish", FinishResult, read, json=body,
+                                    headers=headers, poll_in_progress=True)
+                break
+            except ReplyLost as exc:
+                lost = exc
+                log.warning("session %s: finish reply lost (%s); retry %d of %d", self.session_id,
+                            exc.message, attempt + 1, self.client.config.resubmits)
+            except ExecutorUnreachable:
+                if lost is None:
+                    raise
+                raise lost from None  # the executor, and the session with it, is gone
+        else:
+            assert lost is not None
+            raise lost
         self.finished = True
         log.info(
             "session %s: finished %s in %.1fs",

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ..client import SandboxClient
 from ..errors import ExecutorBusy, ExecutorRejected, TaskExecutorError
-from ..protocol import TaskResult, TaskSpec
+from ..protocol import TaskResult, TaskSpec, task_is_broken
 from ..reward import error_result
 from .fleetcheck import judge_scouts, scouts
 from .logdir import InstanceLogs
@@ -37,7 +37,7 @@ def run_with_retries(
     """Grade until there is a verdict or the retries are spent; returns (result, attempts).
 
     A 4xx rejection other than 429 (bad request, unknown repo, wrong token) is final: sending it
-    again, anywhere, would be refused again.
+    again, anywhere, would be refused again; so is a task the executor found broken.
     """
     attempts = 0
     while True:
@@ -50,6 +50,8 @@ def run_with_retries(
             if final and exc.status < 500:
                 return result, attempts
         if result.status != "execution_error" or attempts > max_error_retries:
+            return result, attempts
+        if task_is_broken(result.error_code):
             return result, attempts
         log.warning(
             "task %s: execution_error (%s); retry %d of %d",
@@ -88,20 +90,23 @@ def grade_predictions(
     logs: InstanceLogs | None = None,
     log_bytes: int | None = None,
     before_sending: Callable[[], None] | None = None,
+    rules: str = "strict",
 ) -> GradeReport:
-    """Grade every prediction the report does not already hold a verdict for; raises
-    ``fleetcheck.FleetUnusable`` when the first grading of every repository says the run
+    """Grade every prediction the report does not already hold a verdict for (by ``rules``);
+    raises ``fleetcheck.FleetUnusable`` when the first grading of every repository says the run
     cannot work. ``before_sending`` runs once the input is known good and something is to be
     sent (the fleet check)."""
-    todo = [p for p in predictions.values() if not report.is_done(p)]
+    todo = [p for p in predictions.values() if not report.is_done(p, rules)]
     skipped = len(predictions) - len(todo)
     if skipped:
         print(f"resuming: {skipped} of {len(predictions)} instances already graded",
               file=sys.stderr, flush=True)
     # Build every spec before sending anything: bad input fails the run now, not at item 900.
     specs = {
-        p.instance_id: task_spec(instances[p.instance_id], p.model_patch, repos, timeout=timeout,
-                                 log_bytes=log_bytes)
+        p.instance_id: task_spec(
+            instances[p.instance_id], p.model_patch, repos, timeout=timeout, rules=rules,
+            log_bytes=log_bytes,
+        )
         for p in todo
         if not p.is_empty
     }
@@ -112,7 +117,7 @@ def grade_predictions(
 
     def grade_one(prediction: Prediction) -> None:
         if prediction.is_empty:
-            entry = instance_entry(prediction, None, 0)
+            entry = instance_entry(prediction, None, 0, rules)
         else:
             result, attempts = run_with_retries(
                 client, specs[prediction.instance_id], max_error_retries

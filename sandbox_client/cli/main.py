@@ -94,6 +94,14 @@ def _add_grading_options(parser: argparse.ArgumentParser) -> None:
         help="setup, test_command, log_parser, env per repository and version (JSON; the "
         "instances' own fields win)",
     )
+    parser.add_argument(
+        "--rules",
+        choices=("strict", "swebench"),
+        default="strict",
+        help="verdict rules: strict (default: every required test PASSED) or swebench (the "
+        "SWE-bench harness's: skipped PASS_TO_PASS maintained, XFAIL passes, apply failures "
+        "and timeouts are errors)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every retry")
 
 
@@ -289,6 +297,7 @@ def _grade(args: argparse.Namespace) -> int:
                 logs=InstanceLogs(log_dir, run_id),
                 log_bytes=FULL_LOG_BYTES,
                 before_sending=check,
+                rules=args.rules,
             )
         finally:
             if sent:
@@ -326,6 +335,7 @@ def _preflight(args: argparse.Namespace) -> int:
             workers=workers,
             max_error_retries=args.max_error_retries,
             timeout=args.timeout,
+            rules=args.rules,
         )
     allowed = [c.instance_id for c in checks if c.verdict == "ok"]
     args.allowlist.parent.mkdir(parents=True, exist_ok=True)

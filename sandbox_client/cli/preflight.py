@@ -4,14 +4,19 @@ Each instance's reference patch (field ``patch``) and an empty patch are graded 
 An instance is
 
 * ``vacuous`` when the reference never resolves it or the empty patch always does (a reward on it
-  says nothing about the agent's patch);
+  says nothing about the agent's patch), or when the task is broken (its tests give no verdict
+  without any patch: ``task_broken`` with the executor's code, e.g. ``test_ids_not_found``);
 * ``flaky`` when repeats of the same patch disagree (or single tests change state between them);
 * ``error`` when some grading gave no verdict even after retries (an infrastructure fault: not
   evidence against the instance, so it is reported apart and left out of the allowlist);
 * ``ok`` otherwise: these ids form the allowlist.
 
-Each repeat has its own task_id: the executor answers a repeated (task_id, request) from its
-result store, which would hide exactly the flakiness this looks for.
+Every repeat is a call of its own (its own task_id, for the logs, and its own Idempotency-Key),
+so the executor grades each afresh: a stored verdict would hide exactly the flakiness this looks
+for. Only a repeat's own retries after a lost reply are answered from the executor's store.
+
+Each check records the run conditions its gradings reported (CPUs, memory, uid, egress, time zone,
+interpreter, ...), every distinct set once, so an allowlist says what it was checked under.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..client import SandboxClient
-from ..protocol import TaskResult
+from ..protocol import TaskResult, task_is_broken
 from .grade import run_parallel, run_with_retries
 from .progress import Progress
 from .report import category_of
@@ -42,6 +47,8 @@ class InstanceCheck:
     empty: list[str] = field(default_factory=list)
     flaky_tests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    """The distinct run conditions the gradings of this instance reported."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +75,15 @@ def judge(instance_id: str, runs: Mapping[str, list[TaskResult]]) -> InstanceChe
             if len({tests.get(test, "MISSING") for tests in graded}) > 1:
                 flaky_tests.add(test)
     check.flaky_tests = sorted(flaky_tests)
-    if {"reference_fails", "empty_passes"} & set(check.flags):
+    broken = sorted({r.error_code for results in runs.values() for r in results
+                     if r.status == "execution_error" and task_is_broken(r.error_code)})
+    check.flags += [f"task_broken ({code})" for code in broken]
+    for results in runs.values():
+        for result in results:
+            seen = result.conditions.model_dump(mode="json") if result.conditions else None
+            if seen is not None and seen not in check.conditions:
+                check.conditions.append(seen)
+    if {"reference_fails", "empty_passes"} & set(check.flags) or broken:
         check.verdict = "vacuous"
     elif check.flags or check.flaky_tests:
         check.verdict = "flaky"
@@ -87,6 +102,7 @@ def run_preflight(
     max_error_retries: int = 2,
     timeout: float | None = None,
     progress: Progress | None = None,
+    rules: str = "strict",
 ) -> list[InstanceCheck]:
     """Grade reference and empty patches ``repeat`` times per instance; judge each instance."""
     no_reference = [iid for iid, inst in instances.items() if not (inst.get("patch") or "")]
@@ -99,7 +115,8 @@ def run_preflight(
             patch = instance["patch"] if kind == "reference" else ""
             for round_ in range(repeat):
                 task_id = f"{iid}@preflight-{kind}-{round_}"
-                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout)
+                spec = task_spec(instance, patch, repos, task_id=task_id, timeout=timeout,
+                                 rules=rules)
                 jobs.append((iid, kind, spec))
     # Made up front: filling a defaultdict from several threads could lose a run.
     runs = {iid: {kind: list[TaskResult]() for kind in KINDS} for iid in instances}

@@ -19,9 +19,10 @@ Layout (one JSON object)::
 
 As in SWE-bench's run report: ``incomplete_ids`` are the instances without a prediction,
 "completed" means a verdict (resolved or unresolved; ``timeout`` and ``patch_apply_failed`` are
-unresolved), and ``error`` means a prediction with no verdict: graded without one after every
-retry, or not graded (yet: ``ungraded_ids``, Dockyard's, lists those). A rerun with the same report
-file skips instances that have a verdict for the same patch, so a killed run loses at most the
+unresolved; under ``--rules swebench``: errors, where the harness puts them), and ``error`` means a
+prediction with no verdict: graded without one after every retry, or not graded (yet:
+``ungraded_ids``, Dockyard's, lists those). A rerun with the same report file skips instances that
+have a verdict for the same patch under the same rules, so a killed run loses at most the
 instances that were in flight.
 """
 
@@ -50,15 +51,21 @@ def patch_digest(patch: str | None) -> str:
 
 
 def category_of(result: TaskResult) -> str:
-    """``error`` when grading gave no verdict, else ``resolved`` or ``unresolved``."""
+    """``error`` when grading gave no verdict (or, by SWE-bench's rules, the patch did not apply
+    or the tests timed out), else ``resolved`` or ``unresolved``."""
     if result.status == "execution_error":
+        return "error"
+    if result.rules == "swebench" and result.status in ("patch_apply_failed", "timeout"):
         return "error"
     return "resolved" if result.resolved else "unresolved"
 
 
-def instance_entry(prediction: Prediction, result: TaskResult | None, attempts: int) -> dict:
+def instance_entry(
+    prediction: Prediction, result: TaskResult | None, attempts: int, rules: str = "strict"
+) -> dict:
     """One instance's report; ``result`` is None for an empty patch (not graded)."""
     entry: dict[str, Any] = {
+        "rules": result.rules if result is not None else rules,
         "model_name_or_path": prediction.model_name_or_path,
         "patch_is_None": prediction.model_patch is None,
         "patch_exists": not prediction.is_empty,
@@ -130,13 +137,14 @@ class GradeReport:
                 iid: entry for iid, entry in _read_entries(path).items() if iid in wanted
             }
 
-    def is_done(self, prediction: Prediction) -> bool:
-        """A verdict (or an empty patch) is already recorded for this very patch."""
+    def is_done(self, prediction: Prediction, rules: str = "strict") -> bool:
+        """A verdict (or an empty patch) is already recorded for this very patch and rules."""
         entry = self.instances.get(prediction.instance_id)
         return (
             entry is not None
             and entry.get("category") != "error"
             and entry.get("patch_sha256") == patch_digest(prediction.model_patch)
+            and entry.get("rules", "strict") == rules
         )
 
     def record(self, instance_id: str, entry: dict) -> None:

@@ -186,6 +186,7 @@ def task_spec(
     task_id: str | None = None,
     timeout: float | None = None,
     log_bytes: int | None = None,
+    rules: str | None = None,
 ) -> TaskSpec:
     """The TaskSpec that grades ``patch`` on ``instance``."""
     iid = instance["instance_id"]
@@ -203,6 +204,8 @@ def task_spec(
     for optional in ("test_command", "log_parser", "env"):
         if instance.get(optional):
             body[optional] = instance[optional]
+    if rules and rules != "strict":  # strict is the default: older executors need not know
+        body["rules"] = rules
     wall_clock = instance.get("timeout") or timeout
     if wall_clock:
         body["timeout"] = wall_clock

@@ -291,10 +291,13 @@ def breakdown(workdir: Path, gold: dict[str, Any], reps: int, extra_mounts: int,
     factory.destroy(factory.create(spec.repo, spec.base_commit))  # mirror and template
     workspace = factory.create(spec.repo, spec.base_commit)
     try:
-        executor_argv = workspace.launcher(False)  # as the executor runs it
+        executor_launcher = workspace.launcher(False)  # as the executor runs it
+        namespace = getattr(executor_launcher, "namespace", None)
+        executor_argv = list(getattr(executor_launcher, "argv", executor_launcher))
         # The same with every bwrap option inline, to time it stage by stage.
-        argv = factory.sandbox.launcher(workspace.path, workspace.tmp, False,
-                                        group=workspace.group, binds=workspace.runtime_binds)
+        inline = factory.sandbox.launcher(workspace.path, workspace.tmp, False,
+                                          group=workspace.group, binds=workspace.runtime_binds)
+        argv = list(getattr(inline, "argv", inline))
         env, cwd = workspace.sandbox_env({}), str(workspace.path)
         bwrap = argv.index(str(factory.capabilities.bwrap))
         setpriv = next((i for i, w in enumerate(argv[:bwrap]) if w.endswith("setpriv")), bwrap)
@@ -315,14 +318,28 @@ def breakdown(workdir: Path, gold: dict[str, Any], reps: int, extra_mounts: int,
         prefixes |= {
             "bwrap, full argv (as root)": argv[bwrap:],
             "whole launcher, options inline": argv,
-            "whole launcher, as the executor runs it": executor_argv,
-            "that + bash -c true": [*executor_argv, "bash", "--noprofile", "--norc", "-c"],
         }
         stages: dict[str, Callable[[], Any]] = {}
+
+        def run(prefix: list[str], where: Any = None) -> Any:
+            options = {"env": env, "cwd": cwd, "stdin": subprocess.DEVNULL,
+                       "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            if where is None:
+                proc = subprocess.Popen([*prefix, "true"], **options)
+            else:
+                proc = where.popen([*prefix, "true"], options)
+            if proc.wait() != 0:
+                raise RuntimeError(f"{prefix[:3]}... exited {proc.returncode}")
+
         for name, prefix in prefixes.items():
-            stages[name] = lambda prefix=prefix: subprocess.run(
-                [*prefix, "true"], env=env, cwd=cwd, check=True, stdin=subprocess.DEVNULL,
-                capture_output=True)
+            stages[f"{name}, executor's namespace"] = lambda prefix=prefix: run(prefix)
+        if namespace is not None:
+            for name in ("bwrap, full argv (as root)", "whole launcher, options inline"):
+                stages[f"{name}, workspace's namespace"] = (
+                    lambda prefix=prefixes[name]: run(prefix, namespace))
+        stages["whole launcher, as the executor runs it"] = lambda: run(executor_argv, namespace)
+        stages["that + bash -c true"] = lambda: run(
+            [*executor_argv, "bash", "--noprofile", "--norc", "-c"], namespace)
         stages["workspace create + destroy"] = lambda: factory.destroy(
             factory.create(spec.repo, spec.base_commit))
         stages["session start in process (no HTTP)"] = lambda: manager.start(spec)
@@ -335,14 +352,12 @@ def breakdown(workdir: Path, gold: dict[str, Any], reps: int, extra_mounts: int,
                 mount_tmpfs(extra / str(i), 4096)
             out["with_extra_mounts"] = {"host_mounts": host_mounts(), "stages": time_stages(
                 {k: v for k, v in stages.items()
-                 if k.startswith(("bwrap", "whole", "that", "session"))},
+                 if k.startswith(("bwrap", "whole", "that", "session", "workspace create"))},
                 reps, manager)}
         return out
     finally:
         manager.close_all()
         factory.destroy(workspace)
-        if factory.runtime is not None:
-            factory.runtime.close()
         if factory.groups is not None:
             factory.groups.remove_all()
 
@@ -521,10 +536,10 @@ def report(res: dict[str, Any]) -> None:
         more = bd.get("with_extra_mounts", {"host_mounts": "-", "stages": {}})
         print(f"\nafter: where session start goes (in process, each stage running `true`; "
               f"launcher of {bd['launcher_args']} args), p50 / p90 ms")
-        print(f"  {'mounts in the table:':<56}{bd['host_mounts']:>17}{more['host_mounts']:>17}")
+        print(f"  {'mounts in the table:':<70}{bd['host_mounts']:>17}{more['host_mounts']:>17}")
         for name, st in bd["stages"].items():
             also = more["stages"].get(name)
-            print(f"  {name:<56}{st['p50_ms']:>8.1f} /{st['p90_ms']:>6.1f}"
+            print(f"  {name:<70}{st['p50_ms']:>8.1f} /{st['p90_ms']:>6.1f}"
                   + (f"{also['p50_ms']:>10.1f} /{also['p90_ms']:>6.1f}" if also else ""))
 
 

@@ -16,15 +16,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_client.protocol import GradingSpec, PhaseTimings, TaskResult, TaskSpec, TestSplit
+from sandbox_client.protocol import (
+    GradingSpec,
+    PhaseTimings,
+    RequiredConditions,
+    RunConditions,
+    TaskResult,
+    TaskSpec,
+    TestSplit,
+    template_key,
+)
 from task_executor.config import Settings
 from task_executor.errors import InvalidRequest, RepoError
-from task_executor.sandbox.command import CommandOutcome, run_command
+from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
+from .conditions import ConditionProbe, ConditionsMismatch, check
+from .consistency import RunEvidence, attribute, problems
+from .control import ControlCache, control_key
+from . import swebench_rules
 from .diffs import split_patch
-from .patching import PatchFailed, apply_agent_patch, force_apply_test_patch
-from .results import ReportedTests, exit_status_conflict, read_report
+from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
+from .results import read_report
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +60,7 @@ class GradingJob:
     env: dict[str, str] = field(default_factory=dict)
     deny_network: bool | None = None
     """None: the executor's default (deny whenever the egress guard is available)."""
+    conditions: RequiredConditions | None = None
 
     @classmethod
     def from_task(cls, spec: TaskSpec) -> GradingJob:
@@ -54,11 +68,12 @@ class GradingJob:
             task_id=spec.task_id,
             repo=spec.repo,
             base_commit=spec.base_commit,
-            patch=spec.patch,
+            patch=spec.patch_text(),
             spec=spec,
             setup=list(spec.setup),
             env=dict(spec.env),
             deny_network=spec.deny_network,
+            conditions=spec.conditions,
         )
 
 
@@ -127,6 +142,12 @@ class Grader:
     def __init__(self, settings: Settings, workspaces: WorkspaceFactory) -> None:
         self.settings = settings
         self.workspaces = workspaces
+        self.controls = ControlCache()
+        run_as = None if settings.run_as_uid is None else (
+            settings.run_as_uid,
+            settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid)
+        self.probe = ConditionProbe(workspaces, settings.memory_limit_bytes, run_as,
+                                    settings.shm_bytes)
 
     def default_denies_network(self) -> bool:
         if self.settings.deny_network is None:
@@ -144,16 +165,43 @@ class Grader:
             )
         return wanted
 
+    def deny_for(self, requested: bool | None, required: RequiredConditions | None) -> bool:
+        """Whether code under test runs without network: as requested, else as the declared
+        conditions' ``egress`` says (409 when that cannot be given here), else the default."""
+        if requested is None and required is not None and required.egress is not None:
+            if not required.egress and not self.workspaces.sandbox.can_deny_network:
+                raise ConditionsMismatch("this executor cannot give the declared conditions: "
+                                         "egress: required False, here egress cannot be denied")
+            requested = not required.egress
+        return self.resolve_deny_network(requested)
+
+    def expect_conditions(self, required: RequiredConditions | None, key: str,
+                          env: dict[str, str], deny_network: bool) -> None:
+        """Refuse (409) before any work what this executor knows it cannot give."""
+        check(required, self.probe.expected(key, env, deny_network), measured=False)
+
+    def conditions_in(self, required: RequiredConditions | None, key: str,
+                      workspace: Workspace, env: dict[str, str],
+                      deny_network: bool) -> RunConditions:
+        """The conditions in a fresh ``workspace`` (probed once per template), checked."""
+        conditions = self.probe.measure(key, workspace, env, deny_network)
+        check(required, conditions, measured=True)
+        return conditions
+
     def grade(self, job: GradingJob) -> TaskResult:
-        """The verdict on ``job``; RepoError propagates (an unknown repo or commit)."""
+        """The verdict on ``job``; RepoError (an unknown repo or commit) and ConditionsMismatch
+        (409) propagate."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
             )
-        deny_network = self.resolve_deny_network(job.deny_network)
+        deny_network = self.deny_for(job.deny_network, job.conditions)
+        key = template_key(job.repo, job.base_commit, job.setup, job.env)
+        self.expect_conditions(job.conditions, key, job.env, deny_network)
         started = time.monotonic()
-        timeout = job.spec.timeout or self.settings.task_timeout
-        result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None)
+        timeout = self.wall_clock(job)
+        result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None,
+                            rules=job.spec.rules or "strict")
         phases = PhaseTimings()
         workspace: Workspace | None = None
         log_parts: list[str] = []
@@ -166,12 +214,14 @@ class Grader:
             # Setup runs inside create: per workspace in git-clone mode, once per template else.
             phases.setup = workspace.setup_s
             phases.checkout = time.monotonic() - mark - workspace.setup_s
+            result.conditions = self.conditions_in(job.conditions, key, workspace, job.env,
+                                                   deny_network)
             self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]
             result.resolved = None if verdict.status == "execution_error" else False
             result.error, result.error_code = str(verdict), verdict.code
-        except RepoError:
+        except (RepoError, ConditionsMismatch):
             raise
         except SetupFailed as exc:
             result.status, result.resolved = "execution_error", None
@@ -195,6 +245,9 @@ class Grader:
             )
         return result
 
+    def wall_clock(self, job: GradingJob) -> float:
+        return job.spec.timeout or self.settings.task_timeout
+
     def _run(
         self,
         job: GradingJob,
@@ -205,43 +258,72 @@ class Grader:
         log_parts: list[str],
         deny_network: bool,
     ) -> None:
-        report_name = f"report-{uuid.uuid4().hex}.jsonl"
-        env = workspace.sandbox_env(job.env)
-
         mark = time.monotonic()
         try:
-            agent = apply_agent_patch(workspace, job.patch)
-        except PatchFailed as exc:
+            agent = apply_patches(workspace, job.patch, job.spec.test_patch)
+        except AgentPatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
+        except TestPatchFailed as exc:
+            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
-        try:
-            force_apply_test_patch(workspace, job.spec.test_patch)
-        except PatchFailed as exc:
-            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
         # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)
         parser = log_parser_for(job.spec, command)
-        test_env = dict(env)
-        test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
-        test_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (env.get(REPORTER_VARIABLE, str(REPORTER_DIR)), env.get("PYTHONPATH", ""))
-            if p
-        )
-        if parser == "pytest":
-            test_env["PYTEST_PLUGINS"] = "dockyard_report"
-            test_env["DOCKYARD_REPORT_MODE"] = "pytest"
-        else:
-            test_env["DOCKYARD_REPORT_MODE"] = "unittest"
         mark = time.monotonic()
-        outcome = self._run_tests(command, job, workspace, test_env, deadline, log_parts,
-                                  deny_network)
+        run = self._run_tests(job, command, parser, workspace, deadline, log_parts, deny_network)
         phases.tests = time.monotonic() - mark
-        run = read_report(workspace.tmp, report_name)
-        self._judge(job, run, outcome, result)
+        if job.spec.rules == "swebench":
+            return _judge_swebench(job, run, result)  # the harness's own rules, no control
+        _record(job, run, result)
+        if run.timed_out:
+            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
+        own = problems(run, required)
+        key = control_key(self._template_key(job, workspace), job.spec.test_patch, command,
+                          parser, deny_network, self.wall_clock(job))
+        if not job.patch.strip():
+            self.controls.offer(key, run)  # without a patch, this run *is* the control
+        if own:
+            # No consistent verdict: the control (no agent patch) says whose fault that is.
+            mark = time.monotonic()
+            control, result.control_run = self.controls.get(
+                key, lambda: self._control_run(job, command, parser, deny_network))
+            phases.control = time.monotonic() - mark
+            verdict = attribute(own, control, required)
+            log_parts.append(
+                f"\n[no consistent verdict: {own[0].message}; control run without the agent's "
+                f"patch ({'run now' if result.control_run else 'kept'}): exit status "
+                f"{control.exit_code}, {len(control.report.states)} tests reported]\n")
+            if verdict.status is not None:
+                if verdict.status == "execution_error":
+                    log_parts.append(f"[control run output, tail]\n{control.tail}\n")
+                raise _Verdict(verdict.status, verdict.code, verdict.message)
+        resolved = all(result.tests[name] == "PASSED" for name in required)
+        result.status = "resolved" if resolved else "unresolved"
+        result.resolved = resolved
+
+    def _template_key(self, job: GradingJob, workspace: Workspace) -> str:
+        if workspace.template is not None:
+            return workspace.template.key
+        source = self.workspaces.mirrors.source_of(job.repo)
+        return template_key(source, workspace.base_commit, job.setup, job.env)
+
+    def _control_run(
+        self, job: GradingJob, command: str, parser: str, deny_network: bool
+    ) -> RunEvidence:
+        """The task's tests without the agent's patch, in a fresh workspace of the same
+        template, with a wall clock of their own (the agent's run cannot use it up)."""
+        workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
+        try:
+            _apply_test_patch(workspace, job)
+            deadline = time.monotonic() + self.wall_clock(job)
+            return self._run_tests(job, command, parser, workspace, deadline, [], deny_network)
+        finally:
+            workspace.destroy()
 
     def _log_limits(self, job: GradingJob) -> tuple[int, int, int]:
         """(head, tail) of the test output kept, and the log's own cap: the default tail, or
@@ -254,22 +336,35 @@ class Grader:
 
     def _run_tests(
         self,
-        command: str,
         job: GradingJob,
+        command: str,
+        parser: str,
         workspace: Workspace,
-        env: dict[str, str],
         deadline: float,
         log_parts: list[str],
         deny_network: bool,
-    ) -> CommandOutcome:
+    ) -> RunEvidence:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Verdict("timeout", "tests_timeout", "no time left for tests")
+        report_name = f"report-{uuid.uuid4().hex}.jsonl"
+        env = workspace.sandbox_env(job.env)
+        test_env = dict(env)
+        test_env["DOCKYARD_REPORT_FILE"] = f"{workspace.visible_tmp}/{report_name}"
+        test_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (env.get(REPORTER_VARIABLE, str(REPORTER_DIR)), env.get("PYTHONPATH", ""))
+            if p
+        )
+        if parser == "pytest":
+            test_env["PYTEST_PLUGINS"] = "dockyard_report"
+            test_env["DOCKYARD_REPORT_MODE"] = "pytest"
+        else:
+            test_env["DOCKYARD_REPORT_MODE"] = "unittest"
         head, tail, _ = self._log_limits(job)
         outcome = run_command(
             command,
             cwd=str(workspace.path),
-            env=env,
+            env=test_env,
             timeout=remaining,
             launcher=workspace.launcher(deny_network),
             head=head,
@@ -278,32 +373,48 @@ class Grader:
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:
             log_parts.append(f"\n[tests killed after {outcome.duration_s:.1f}s wall clock]\n")
-        return outcome
+        report = read_report(workspace.tmp, report_name)
+        return RunEvidence.of(report, outcome.exit_code, outcome.timed_out, parser, outcome.output)
 
-    @staticmethod
-    def _judge(
-        job: GradingJob, run: ReportedTests, outcome: CommandOutcome, result: TaskResult
-    ) -> None:
-        required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
-        tests = dict(run.states)
-        for name in required:
-            tests[name] = run.lookup(name)
-            alias_target = run.aliases.get(name)
-            if alias_target is not None and alias_target != name:
-                tests.pop(alias_target, None)
-        result.tests = tests
-        result.test_exit_code = outcome.exit_code
-        result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
-        result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
-        if outcome.timed_out:
-            raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
-        assert outcome.exit_code is not None
-        conflict = exit_status_conflict(run, outcome.exit_code)
-        if conflict:
-            raise _Verdict("execution_error", "inconsistent_results", conflict)
-        resolved = all(tests[name] == "PASSED" for name in required)
-        result.status = "resolved" if resolved else "unresolved"
-        result.resolved = resolved
+
+def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
+    try:
+        apply_patches(workspace, "", job.spec.test_patch)
+    except TestPatchFailed as exc:
+        raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+
+
+def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
+    """Per-test states of the run into ``result``; a required test not reported is MISSING."""
+    tests = dict(run.report.states)
+    for name in [*job.spec.fail_to_pass, *job.spec.pass_to_pass]:
+        tests[name] = run.report.lookup(name)
+        alias_target = run.report.aliases.get(name)
+        if alias_target is not None and alias_target != name:
+            tests.pop(alias_target, None)
+    result.tests = tests
+    result.test_exit_code = run.exit_code
+    result.fail_to_pass = _split(job.spec.fail_to_pass, tests)
+    result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
+
+
+def _judge_swebench(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
+    """SWE-bench's harness rules (``swebench_rules``): its status map, report and resolution."""
+    f2p, p2p = job.spec.fail_to_pass, job.spec.pass_to_pass
+    statuses = swebench_rules.status_map(run.report, [*f2p, *p2p])
+    judged = swebench_rules.judge(statuses, f2p, p2p, run.exit_code or 0)
+    result.tests = judged.tests  # type: ignore[assignment]
+    result.test_exit_code = run.exit_code
+    result.fail_to_pass = TestSplit(passed=judged.report["FAIL_TO_PASS"]["success"],
+                                    failed=judged.report["FAIL_TO_PASS"]["failure"])
+    result.pass_to_pass = TestSplit(passed=judged.report["PASS_TO_PASS"]["success"],
+                                    failed=judged.report["PASS_TO_PASS"]["failure"])
+    if run.timed_out:
+        raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
+    if judged.problem is not None:
+        raise _Verdict("unresolved", *judged.problem)
+    result.status = "resolved" if judged.resolved else "unresolved"
+    result.resolved = judged.resolved
 
 
 def _split(names: list[str], tests: Mapping[str, str]) -> TestSplit:

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from task_executor.sandbox.confined import ConfinedTree, Refusal
+from task_executor.sandbox.confined import ConfinedTree
 from task_executor.workspaces.gitcmd import git
 from task_executor.workspaces.treegit import APPLY_FUNCTION, literal_pathspecs, run_in_tree
 from task_executor.workspaces.workspace import Workspace
@@ -36,33 +36,78 @@ class PatchFailed(Exception):
     """A patch did not apply; the message carries the tools' output."""
 
 
+class AgentPatchFailed(PatchFailed):
+    """The agent's patch does not apply to base_commit (the agent's failure: reward 0)."""
+
+
+class TestPatchFailed(PatchFailed):
+    """The gold test patch does not apply after the agent's (the task's, or a test path the
+    agent's patch made unresettable)."""
+
+
 @dataclass
 class AgentPatchOutcome:
     applied: bool
     excluded_files: list[str] = field(default_factory=list)
 
 
-def _apply(workspace: Workspace, patch_text: str, checkout: list[str] | None = None) -> None:
-    """Apply a patch in the sandbox (git, then GNU patch with fuzz, as SWE-bench's harness does),
-    after restoring ``checkout`` paths to base_commit; PatchFailed with the tools' output."""
-    inputs = {"patch.diff": patch_text.encode("utf-8", "surrogateescape")}
+# After the agent patch: every path the test patch touches goes (with any parent directory the
+# agent replaced by a symlink or a file, which would send writes elsewhere), then the paths that
+# exist at base_commit come back from it, then the test patch applies. In the sandbox, as the
+# workspace: rm never follows a link out of the tree, and a planted file acts on nothing outside.
+_RESET_TEST_PATHS = r"""
+mapfile -d "" -t paths < "$DY_SCRATCH/test-paths"
+for path in "${paths[@]}"; do
+    prefix= rest=$path
+    while [[ $rest == */* ]]; do
+        prefix=${prefix:+$prefix/}${rest%%/*} rest=${rest#*/}
+        [ -e "$prefix" ] || [ -L "$prefix" ] || break
+        if [ -L "$prefix" ] || [ ! -d "$prefix" ]; then
+            rm -f -- "$prefix" 2>>"$DY_SCRATCH/errors" || exit 4
+            break
+        fi
+    done
+    if [ -e "$path" ] || [ -L "$path" ]; then
+        rm -rf -- "$path" 2>>"$DY_SCRATCH/errors" || exit 4
+    fi
+done
+"""
+
+
+def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str | None,
+                test_paths: list[str], at_base: list[str]) -> None:
+    """Apply the agent patch, then reset the test patch's paths and force-apply it, in one
+    sandboxed step (git, then GNU patch with fuzz, as SWE-bench's harness does)."""
+    inputs: dict[str, bytes] = {}
     script = APPLY_FUNCTION
-    if checkout:
-        inputs["checkout"] = literal_pathspecs(checkout)
-        script += (
-            'mapfile -d "" -t paths < "$DY_SCRATCH/checkout"\n'
-            'g read-tree "$DY_BASE" && g checkout "$DY_BASE" -- "${paths[@]}" '
-            '2>>"$DY_SCRATCH/errors" || exit 4\n'
-        )
-    script += 'apply_patch "$DY_SCRATCH/patch.diff" || exit 1\n'
-    outcome = run_in_tree(workspace, script, inputs=inputs,
+    if agent_patch is not None:
+        inputs["agent.diff"] = agent_patch.encode("utf-8", "surrogateescape")
+        script += 'apply_patch "$DY_SCRATCH/agent.diff" || exit 1\n'
+    if test_patch is not None:
+        inputs["test.diff"] = test_patch.encode("utf-8", "surrogateescape")
+        inputs["test-paths"] = b"".join(p.encode("utf-8", "surrogateescape") + b"\0"
+                                        for p in test_paths)
+        # What the agent patch's attempts printed is not the test patch's error.
+        script += ': > "$DY_SCRATCH/errors"\n' + _RESET_TEST_PATHS
+        if at_base:
+            inputs["checkout"] = literal_pathspecs(at_base)
+            script += (
+                'mapfile -d "" -t paths < "$DY_SCRATCH/checkout"\n'
+                'g read-tree "$DY_BASE" && g checkout "$DY_BASE" -- "${paths[@]}" '
+                '2>>"$DY_SCRATCH/errors" || exit 4\n'
+            )
+        script += 'apply_patch "$DY_SCRATCH/test.diff" || exit 5\n'
+    outcome = run_in_tree(workspace, script, inputs=inputs, outputs=("errors",),
                           env={"DY_BASE": workspace.base_commit})
     if outcome.exit_code == 0:
         return
     errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
+    if outcome.exit_code == 1:
+        raise AgentPatchFailed((errors or outcome.output.strip())[-4000:]
+                               or "patch does not apply")
     if outcome.exit_code == 4:
-        raise PatchFailed(f"restoring test files to base failed: {errors[-2000:]}")
-    raise PatchFailed((errors or outcome.output.strip())[-4000:] or "patch does not apply")
+        raise TestPatchFailed(f"restoring test files to base failed: {errors[-2000:]}")
+    raise TestPatchFailed((errors or outcome.output.strip())[-4000:] or "patch does not apply")
 
 
 def _show_at(workspace: Workspace, path: str) -> str | None:
@@ -79,22 +124,39 @@ def _exists_at_base(workspace: Workspace, path: str) -> bool:
                 f"{workspace.base_commit}:{path}"], check=False).returncode == 0
 
 
-def apply_agent_patch(workspace: Workspace, patch_text: str) -> AgentPatchOutcome:
-    """Apply the agent's patch minus test configuration; raise PatchFailed if it does not apply."""
-    if not patch_text.strip():
-        return AgentPatchOutcome(applied=False)
-    preamble, sections = split_patch(patch_text)
-    if not sections:
-        raise PatchFailed("the patch contains no file changes (not a unified diff)")
-    kept, excluded = drop_test_config(sections)
-    sectioned = {p for section in kept for p in section.paths
-                 if PurePosixPath(p).name in SECTIONED_FILES}
-    if kept:
-        _apply(workspace, preamble + "".join(section.text for section in kept))
+def apply_patches(workspace: Workspace, patch_text: str, test_patch: str) -> AgentPatchOutcome:
+    """Apply the agent's patch minus test configuration, then force the gold test patch
+    (AgentPatchFailed, TestPatchFailed) -- one sandboxed step for both (a launch costs tens of
+    milliseconds), with the test-configuring sections of setup.cfg / pyproject.toml put back
+    afterwards in the files the test patch leaves alone."""
+    agent_text, agent_outcome, sectioned = None, AgentPatchOutcome(applied=False), set()
+    if patch_text.strip():
+        preamble, sections = split_patch(patch_text)
+        if not sections:
+            raise AgentPatchFailed("the patch contains no file changes (not a unified diff)")
+        kept, excluded = drop_test_config(sections)
+        sectioned = {p for section in kept for p in section.paths
+                     if PurePosixPath(p).name in SECTIONED_FILES}
+        if kept:
+            agent_text = preamble + "".join(section.text for section in kept)
+        agent_outcome = AgentPatchOutcome(applied=True, excluded_files=excluded)
+    test_text, test_paths, at_base = None, [], []
+    if test_patch.strip():
+        test_text, test_paths = test_patch, sorted(touched_paths(test_patch))
+        for path in test_paths:
+            if is_forbidden_path(path):
+                raise TestPatchFailed(f"test patch touches {path}")
+        # Parents cleared in the tree that exist at base come back with the files under them.
+        at_base = [path for path in test_paths if _exists_at_base(workspace, path)]
+    if agent_text is not None or test_text is not None:
+        _apply_both(workspace, agent_text, test_text, test_paths, at_base)
+    reset = set(test_paths)
     for path in sorted(sectioned):
-        if _restore_sections(workspace, path):
-            excluded.append(path)
-    return AgentPatchOutcome(applied=True, excluded_files=sorted(set(excluded)))
+        # A file the test patch touches is base + test patch now: its sections are canonical.
+        if path in reset or _restore_sections(workspace, path):
+            agent_outcome.excluded_files.append(path)
+    agent_outcome.excluded_files = sorted(set(agent_outcome.excluded_files))
+    return agent_outcome
 
 
 def _restore_sections(workspace: Workspace, path: str) -> bool:
@@ -129,38 +191,3 @@ def _restore_sections(workspace: Workspace, path: str) -> bool:
             tree.write_bytes(path, restored.encode("utf-8", "surrogateescape"),
                              owner=workspace.factory.sandbox.owner)
         return changed
-
-
-def force_apply_test_patch(workspace: Workspace, test_patch: str) -> None:
-    """Reset every file the test patch touches to base_commit, then apply it; PatchFailed if not."""
-    if not test_patch.strip():
-        return
-    paths = sorted(touched_paths(test_patch))
-    at_base = []
-    with ConfinedTree(workspace.path, no_symlinks=True) as tree:
-        for path in paths:
-            if is_forbidden_path(path):
-                raise PatchFailed(f"test patch touches {path}")
-            try:
-                _clear_planted_parents(tree, path)
-                if tree.exists(path):
-                    tree.remove(path)  # a symlink or directory planted in its place, too
-            except Refusal as exc:
-                raise PatchFailed(f"test patch path {path}: {exc}") from exc
-            if _exists_at_base(workspace, path):
-                at_base.append(path)
-        # Parents cleared above that exist at base come back with the files under them.
-    _apply(workspace, test_patch, checkout=at_base)
-
-
-def _clear_planted_parents(tree: ConfinedTree, path: str) -> None:
-    """A parent directory replaced by a symlink or a file would send writes elsewhere: remove
-    it (git then restores what base_commit had there)."""
-    parts = PurePosixPath(path).parts[:-1]
-    for depth in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:depth])
-        if not tree.exists(prefix):
-            return
-        if not stat.S_ISDIR(tree.lstat(prefix).st_mode):
-            tree.remove(prefix)
-            return

@@ -3,7 +3,8 @@
 The reporter (``reporter/dockyard_report.py``) writes JSON lines from inside the test process;
 nothing here looks at the test command's output. The exit status of the test command is then
 cross-checked against those states: a runner that says "failed" while every reported test passed
-(or the reverse) means something other than the tests decided the outcome, and that is no verdict.
+(or the reverse) means something other than the tests decided the outcome, and that run alone
+gives no verdict (``consistency`` decides whose fault it is).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ class ReportedTests:
 
     states: dict[str, TestState] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    xfailed: set[str] = field(default_factory=set)
+    """Tests whose outcome was an expected failure, declared or not (SWE-bench's XFAIL)."""
+    sessions_started: int = 0
+    sessions_finished: int = 0
+    """pytest sessions the reporter saw start and finish (a start without a finish: it died)."""
+    failures_in_session: int = 0
+    """Failed or errored reports (collection included) since the last session started: what
+    pytest's own summary line counts as failed plus errors."""
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -104,9 +113,18 @@ def parse_report(data: bytes) -> ReportedTests:
         test_id = str(record.get("id", ""))
         if kind == "test" and record.get("outcome") != "rerun":
             phases.setdefault(test_id, {})[str(record.get("when"))] = record
+            run.failures_in_session += record.get("outcome") == "failed"
         elif kind == "collect":
             run.states[test_id or "<collection>"] = "ERROR"
+            run.failures_in_session += 1
+        elif kind == "session" and record.get("event") == "start":
+            run.sessions_started += 1
+            run.failures_in_session = 0
+        elif kind == "session" and record.get("event") == "finish":
+            run.sessions_finished += 1
         elif kind == "unittest":
+            if record.get("outcome") == "xfailed":
+                run.xfailed.add(test_id)
             state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")
             previous = run.states.get(test_id, "MISSING")
             if _SEVERITY[state] >= _SEVERITY[previous]:
@@ -115,6 +133,9 @@ def parse_report(data: bytes) -> ReportedTests:
                 run.aliases.setdefault(str(alias), test_id)
     for test_id, by_phase in phases.items():
         run.states[test_id] = _pytest_state(by_phase)
+        if any(phase.get("outcome") == "skipped" and phase.get("wasxfail")
+               for phase in by_phase.values()):
+            run.xfailed.add(test_id)
     return run
 
 

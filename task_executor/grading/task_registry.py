@@ -1,9 +1,17 @@
-"""Recent results by task, so a client that retries after a lost reply gets the first verdict.
+"""Answers kept for a retry of the same call, so a client that lost a reply gets the first one.
 
-The key is the task_id together with a digest of the whole request: RL trainers send many rollouts
-of one SWE-bench instance under the same instance_id, and each different patch must be graded;
-only a byte-identical resubmission is answered from here. Results without a verdict
-(execution_error) are not kept, so a retry runs again.
+A call is named by its ``Idempotency-Key`` header: the client makes one key per logical
+submission (a ``run_task`` call, a session's ``finish``) and sends it again only when it retries
+that call. So a new submission always grades afresh, even with a byte-identical body (a preflight
+repeat, a ``dockyard grade`` run after its report was deleted): replaying there would hide a
+flaky test. A call without a key is never stored and never replayed.
+
+Per key, as in Stripe's API and the IETF idempotency-key draft: the same key with the same
+request gets the stored answer (or 409 ``task_in_progress`` while the first is still running:
+the retry polls instead of holding a thread, and never starts a second grading); the same key
+with a different request is the caller's bug, refused with 422 ``idempotency_key_reused``.
+Answers are kept ``ttl`` seconds; the caller decides which are worth keeping (a submit's
+``execution_error`` is not, so its retry grades again).
 """
 
 from __future__ import annotations
@@ -13,18 +21,24 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from sandbox_client.protocol import TaskResult, TaskSpec
-from task_executor.errors import Conflict
+from pydantic import BaseModel
+
+from task_executor.errors import Conflict, ValidationFailed
+
+Answer = TypeVar("Answer", bound=BaseModel)
+
+MAX_KEY_LENGTH = 255
 
 
-def request_key(spec: TaskSpec) -> str:
-    digest = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:32]
-    return f"{spec.task_id}:{digest}"
+def fingerprint(request: BaseModel) -> str:
+    """A digest of the request as validated: a retry's body gives the same one."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
-class TaskRegistry:
-    """Tasks in progress and finished results, each finished one kept for ``ttl`` seconds."""
+class TaskRegistry(Generic[Answer]):
+    """Calls in progress and the answers of finished ones, each kept for ``ttl`` seconds."""
 
     def __init__(
         self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic
@@ -32,37 +46,59 @@ class TaskRegistry:
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        self._running: set[str] = set()
-        self._done: OrderedDict[str, tuple[float, TaskResult]] = OrderedDict()
+        self._running: dict[str, str] = {}
+        self._done: OrderedDict[str, tuple[float, str, Answer]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def begin(self, key: str) -> TaskResult | None:
-        """The stored result for ``key``, or None after marking it running (Conflict if it is)."""
+    def begin(self, key: str | None, digest: str) -> Answer | None:
+        """The stored answer for ``key``, or None after marking it running.
+
+        Conflict (409) while it runs, ValidationFailed (422) if ``key`` was used for a different
+        request; a None key is never tracked.
+        """
+        if key is None:
+            return None
         with self._lock:
             self._evict()
             if key in self._done:
-                return self._done[key][1]
+                _, stored_digest, answer = self._done[key]
+                self._check(stored_digest, digest)
+                return answer
             if key in self._running:
+                self._check(self._running[key], digest)
                 raise Conflict(
-                    "this task is being graded now; its result will be kept for a retry",
+                    "this call is being graded now; its answer is kept for a retry with the "
+                    "same Idempotency-Key",
                     code="task_in_progress",
                     retry_after=5,
                 )
-            self._running.add(key)
+            self._running[key] = digest
             return None
 
-    def end(self, key: str, result: TaskResult | None) -> None:
+    def end(self, key: str | None, answer: Answer | None) -> None:
+        """The call under ``key`` ended; ``answer`` (None: nothing worth replaying) is kept."""
+        if key is None:
+            return
         with self._lock:
-            self._running.discard(key)
-            if result is not None and result.status != "execution_error":
-                self._done[key] = (self._clock(), result)
+            digest = self._running.pop(key, None)
+            if answer is not None and digest is not None:
+                self._done[key] = (self._clock(), digest, answer)
                 self._done.move_to_end(key)
                 self._evict()
+
+    @staticmethod
+    def _check(stored: str, digest: str) -> None:
+        if stored != digest:
+            raise ValidationFailed(
+                "this Idempotency-Key was already used for a different request; make a new "
+                "key for every new submission",
+                code="idempotency_key_reused",
+            )
 
     def _evict(self) -> None:
         now = self._clock()
         while self._done:
-            key, (stored_at, _) = next(iter(self._done.items()))
+            key, (stored_at, _, _) = next(iter(self._done.items()))
             if now - stored_at <= self.ttl and len(self._done) <= self.max_entries:
                 break
             del self._done[key]

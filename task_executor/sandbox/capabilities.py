@@ -142,11 +142,17 @@ def _can_reflink(scratch: Path) -> bool:
 
 
 def _bwrap_probe(bwrap: str, uid: int, bind_source: Path, extra: list[str]) -> tuple[bool, str]:
-    """Run ``true`` in the sandbox as it will be used: new namespaces, a bind from the base dir."""
+    """Run ``true`` in the sandbox as it will be used: new namespaces, a bind from the base dir.
+
+    Only the system directories are shown: ``--ro-bind / /`` would copy every mount on the
+    machine, and fail ("Unable to apply mount flags") when another executor's workspace is
+    unmounted meanwhile -- which would turn the sandbox, or egress denial, off for this one."""
+    system = [arg for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+              for arg in ("--ro-bind-try", f"/{top}", f"/{top}")]
     return _run([
         *drop_to(uid), bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
         "--unshare-ipc", "--unshare-uts", "--disable-userns", "--die-with-parent",
-        "--new-session", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+        "--new-session", *system, "--proc", "/proc", "--dev", "/dev",
         "--bind", str(bind_source), "/tmp", *extra, "true",
     ])
 

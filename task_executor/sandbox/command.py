@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .namespaces import Launcher, as_launcher
 from .output import CappedOutput
 from .reaper import DEFAULT_GRACE_S, MARKER_VAR, Target, kill, new_marker
 
@@ -36,7 +37,7 @@ def run_command(
     cwd: str,
     env: Mapping[str, str],
     timeout: float,
-    launcher: Sequence[str] = (),
+    launcher: Launcher | Sequence[str] = (),
     head: int = 16 * 1024,
     tail: int = 48 * 1024,
 ) -> CommandOutcome:
@@ -51,8 +52,8 @@ def run_command(
     read_fd, write_fd = os.pipe()
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [*launcher, "bash", "-c", script],
+        proc = as_launcher(launcher).popen(
+            ["bash", "-c", script],
             cwd=cwd,
             env=full_env,
             stdin=subprocess.DEVNULL,

@@ -33,11 +33,14 @@ from pathlib import Path
 from .capabilities import Capabilities, drop_to, searchable_by_others
 from .cgroups import Group
 from .limits import Limits
+from .namespaces import Launcher, MountNamespace
 from .programs import host_program
 
 REPORTER_MOUNT = "/run/dockyard/reporter"
 """Where code under test finds the reporter plugin (read-only; the executor's own packages are
 never on its ``sys.path``)."""
+MALLOC_TUNABLE = "glibc.malloc.mmap_threshold=65536"
+"""What bubblewrap runs with (see ``_WRAPPER``), never code under test."""
 REPO_MOUNT = "/run/dockyard/repo"
 """Where git run inside the sandbox finds the repository mirror (read-only)."""
 
@@ -66,7 +69,7 @@ class Sandbox:
     runtime_dirs: tuple[str, ...] = field(default_factory=tuple)
     """Host directories every workspace sees copy-on-write (the workspace factory mounts them)."""
     host_view: tuple[str, ...] = ("--ro-bind", "/", "/")
-    """bwrap arguments that show the host read-only (see ``host_view_argv``)."""
+    """bwrap arguments that show the host read-only (see ``hostview``)."""
 
     @property
     def active(self) -> bool:
@@ -90,8 +93,10 @@ class Sandbox:
         group: Group | None = None,
         binds: tuple[Bind, ...] = (),
         args_dir: Path | None = None,
-    ) -> list[str]:
-        """The argv prefix that runs a command inside this workspace's sandbox.
+        namespace: MountNamespace | None = None,
+    ) -> Launcher:
+        """How to run a command inside this workspace's sandbox: an argv prefix, started from
+        the workspace's launch ``namespace`` (see ``namespaces``) where there is one.
 
         With ``args_dir`` (a directory only the executor can read), bubblewrap's options go to
         a file there, handed over on fd 3 (``bwrap --args 3``): the sandbox's pid 1 is bwrap,
@@ -108,16 +113,20 @@ class Sandbox:
                 uid, gid = self.run_as
                 tail = [*tail, host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}",
                         f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
-            return [*_wrapper(cgroup_files, None), *tail] if cgroup_files else tail
+            argv = [*_wrapper(cgroup_files, None), *tail] if cgroup_files else tail
+            return Launcher(tuple(argv), namespace)
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
         options = self._bwrap_options(tree, tmp, deny_network, binds)
         if args_dir is None:
-            return [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
+            argv = [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, *options, "--"]
-        args_file = _write_args(args_dir, options)
-        return [*_wrapper(cgroup_files, args_file), *drop_to(uid), *rlimits,
-                self.capabilities.bwrap, "--args", "3", "--"]
+        else:
+            args_files = (_write_args(args_dir, options),
+                          _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
+            argv = [*_wrapper(cgroup_files, args_files), *drop_to(uid), *rlimits,
+                    self.capabilities.bwrap, "--args", "3", "--"]
+        return Launcher(tuple(argv), namespace)
 
     def _bwrap_options(
         self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...]
@@ -165,16 +174,26 @@ class Sandbox:
 # failure aborts, 125: a command must never run outside its limits), the bubblewrap options file
 # opened on fd 3 (root-only; bwrap reads and closes it), the host's PWD forgotten (bwrap's
 # environment is readable inside), then the rest: setpriv, prlimit, bwrap.
+#
+# And a malloc setting for bubblewrap: it indexes the mount table by mount id (ids are global: a
+# machine with 1,000 live sessions has ids past 100,000) in an array of 8 bytes an id, once per
+# mount it makes; glibc serves the second and later ones from the heap and keeps it, so each
+# sandbox's init process held ~0.5 MB it never used again. A fixed mmap threshold hands such
+# arrays back on free. bwrap then drops the variable (the second options file says
+# ``--unsetenv``), so code under test never sees it; a task that sets its own keeps it, and the
+# first options file (without the unset) is used.
 _WRAPPER = (
-    'a=$1; n=$2; shift 2; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
-    'n=$((n-1)); done; if [ -n "$a" ]; then exec 3< "$a" || exit 125; fi; unset PWD OLDPWD; '
-    'exec "$@"'
+    'a=$1; b=$2; n=$3; shift 3; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
+    'n=$((n-1)); done; if [ -n "$a" ]; then if [ -n "${GLIBC_TUNABLES+x}" ]; then '
+    'exec 3< "$a" || exit 125; else export GLIBC_TUNABLES=' + MALLOC_TUNABLE + '; '
+    'exec 3< "$b" || exit 125; fi; fi; unset PWD OLDPWD; exec "$@"'
 )
 
 
-def _wrapper(cgroup_files: list[str], args_file: Path | None) -> list[str]:
+def _wrapper(cgroup_files: list[str], args_files: tuple[Path, Path] | None) -> list[str]:
+    own, unsetting = args_files or ("", "")
     return [host_program("sh") or "/bin/sh", "-c", _WRAPPER, "dockyard-sandbox",
-            str(args_file or ""), str(len(cgroup_files)), *cgroup_files]
+            str(own), str(unsetting), str(len(cgroup_files)), *cgroup_files]
 
 
 def _write_args(directory: Path, options: list[str]) -> Path:
@@ -188,48 +207,6 @@ def _write_args(directory: Path, options: list[str]) -> Path:
             handle.write(data)
         os.replace(temporary, target)
     return target
-
-
-_PRIVATE_TOP = {"proc", "dev", "tmp", "run"}
-"""Top-level directories every sandbox gets its own of."""
-
-
-def host_view_argv(avoid: Path) -> tuple[str, ...]:
-    """bwrap arguments showing the host read-only, entry by entry, without ever binding a
-    directory that contains ``avoid`` (the base directory).
-
-    ``--ro-bind / /`` would be one argument, but it copies every mount below / -- the workspaces'
-    own among them, which come and go all the time: a sandbox starting while another workspace
-    is unmounted fails ("Unable to apply mount flags"). So the root is an empty tmpfs, every
-    top-level entry is bound on its own, and along the path to ``avoid`` the siblings are bound
-    one level at a time; ``avoid`` itself is never shown. The set of entries is read once, at
-    start: what appears later beside the base directory's ancestors is not seen by sandboxes.
-    """
-    target = os.path.realpath(avoid)
-    argv: list[str] = ["--tmpfs", "/"]
-
-    def show(directory: str) -> None:
-        try:
-            entries = sorted(os.listdir(directory))
-        except OSError:
-            return
-        for entry in entries:
-            path = os.path.join(directory, entry)
-            if directory == "/" and entry in _PRIVATE_TOP:
-                continue
-            if path == target:
-                continue
-            if os.path.islink(path):
-                argv.extend(["--symlink", os.readlink(path), path])
-            elif target.startswith(path + "/") and os.path.isdir(path):
-                argv.extend(["--dir", path])
-                show(path)
-            elif os.path.isdir(path) or os.path.isfile(path):
-                # -try: an entry removed after start must not stop every sandbox from starting
-                argv.extend(["--ro-bind-try", path, path])
-
-    show("/")
-    return tuple(argv)
 
 
 def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> str | None:

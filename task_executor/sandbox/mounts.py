@@ -11,13 +11,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
 
 from .programs import host_program
+
+log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -25,6 +29,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MS_NOSUID, MS_NODEV = 0x2, 0x4
+MS_BIND, MS_REC, MS_PRIVATE, MS_SLAVE, MS_SHARED = 0x1000, 0x4000, 1 << 18, 1 << 19, 1 << 20
 MNT_DETACH = 0x2
 
 
@@ -70,8 +75,9 @@ class _MountAttr(ctypes.Structure):
 
 
 _SYS = {"x86_64": (428, 429, 442), "aarch64": (428, 429, 442)}  # open_tree, move_mount, setattr
-_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _AT_FDCWD = 1, 0x1000, -100
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _AT_FDCWD, _AT_RECURSIVE = 1, 0x1000, -100, 0x8000
 _MOVE_MOUNT_F_EMPTY_PATH, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 4, 0x1, 0x100000
+_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
 
 
 def _check(result: int, what: str) -> int:
@@ -110,10 +116,7 @@ def bind_idmapped(source: Path, target: Path, uid: int) -> None:
     open_tree + mount_setattr(MOUNT_ATTR_IDMAP) + move_mount: util-linux 2.38's
     ``X-mount.idmap`` is accepted and silently ignored.
     """
-    numbers = _SYS.get(platform.machine())
-    if numbers is None:
-        raise OSError(errno.ENOSYS, f"idmapped mounts not wired for {platform.machine()}")
-    open_tree, move_mount, mount_setattr = numbers
+    open_tree, move_mount, mount_setattr = _syscalls()
     userns = _user_namespace(uid)
     tree = -1
     try:
@@ -130,6 +133,52 @@ def bind_idmapped(source: Path, target: Path, uid: int) -> None:
             os.close(tree)
 
 
+def _syscalls() -> tuple[int, int, int]:
+    numbers = _SYS.get(platform.machine())
+    if numbers is None:
+        raise OSError(errno.ENOSYS, f"the new mount API is not wired for {platform.machine()}")
+    return numbers
+
+
+def bind(source: Path, target: Path) -> None:
+    """Bind ``source`` and every mount below it at ``target``."""
+    _mount(str(source), target, "", MS_BIND | MS_REC, "")
+
+
+def set_propagation(target: Path, kind: int, recursive: bool = False) -> None:
+    """Make the mount at ``target`` (and below, with ``recursive``) MS_PRIVATE, MS_SLAVE or
+    MS_SHARED."""
+    if _libc.mount(None, os.fsencode(target), None, kind | (MS_REC if recursive else 0),
+                   None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"propagation of {target}: {os.strerror(code)}")
+
+
+def make_read_only(target: Path, recursive: bool) -> None:
+    """Read-only, nosuid and nodev at ``target`` (and every mount below it: one mount_setattr,
+    where a remount would have to visit them one by one)."""
+    mount_setattr = _syscalls()[2]
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, 0)
+    _check(_libc.syscall(mount_setattr, _AT_FDCWD, os.fsencode(target),
+                         _AT_RECURSIVE if recursive else 0, ctypes.byref(attr),
+                         ctypes.sizeof(attr)), f"mount_setattr {target}")
+
+
+def clone_mount(source: Path) -> int:
+    """A detached copy of the mount at ``source`` (an fd for :func:`attach_mount`); it stays a
+    peer of the original, so mounts made below either appear below both."""
+    open_tree = _syscalls()[0]
+    return _check(_libc.syscall(open_tree, _AT_FDCWD, os.fsencode(source),
+                                _OPEN_TREE_CLONE | os.O_CLOEXEC), f"open_tree {source}")
+
+
+def attach_mount(tree: int, target: Path) -> None:
+    """Attach a detached mount at ``target`` in the calling thread's mount namespace."""
+    move_mount = _syscalls()[1]
+    _check(_libc.syscall(move_mount, tree, b"", _AT_FDCWD, os.fsencode(target),
+                         _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount to {target}")
+
+
 def unmount(path: Path) -> None:
     """Unmount ``path``; lazily when something still holds it, so removal can go on."""
     target = os.fsencode(path)
@@ -137,3 +186,35 @@ def unmount(path: Path) -> None:
         return
     _libc.umount2(target, MNT_DETACH)
 
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points strictly below ``root`` in this mount namespace, in mount order."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    with open("/proc/self/mountinfo", "rb") as f:
+        lines = f.read().splitlines()
+    points = []
+    for line in lines:
+        # Field 5 is the mount point, with space, tab, newline and backslash escaped in octal.
+        raw = line.split(b" ")[4]
+        point = os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw))
+        if point.startswith(prefix):
+            points.append(point)
+    return points
+
+
+def unmount_under(root: Path) -> int:
+    """Unmount everything mounted below ``root`` (deepest first, lazily when busy); return how
+    many mounts went."""
+    before = len(mounts_under(root))
+    # Mounts can be stacked on one point, and a lazy unmount takes its children along: rescan
+    # until nothing is left (bounded, in case something mounts as fast as we unmount).
+    for _ in range(20):
+        points = mounts_under(root)
+        if not points:
+            break
+        for point in sorted(points, key=lambda p: p.count("/"), reverse=True):
+            unmount(Path(point))
+    left = mounts_under(root)
+    for point in left:
+        log.error("cannot unmount %s", point)
+    return before - len(left)

@@ -14,6 +14,7 @@ from task_executor.errors import ExecutorError, Forbidden, Unauthorized, http_er
 
 from . import lifecycle, metrics, peers, requestlog
 from .services import Services
+from .wire import WireJSONProvider
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def error_response(
 def create_app(settings: Settings | None = None) -> Flask:
     settings = (settings or Settings()).validated()
     app = Flask(__name__, static_folder=None)
+    app.json = WireJSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["dockyard"] = services = Services.build(settings)

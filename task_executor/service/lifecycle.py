@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import re
 import signal
 import threading
 import time
@@ -44,7 +42,7 @@ from task_executor.config import Settings
 from task_executor.errors import ShuttingDown
 from task_executor.grading.grader import OWNER_VARIABLE, owner_token
 from task_executor.sandbox import reaper
-from task_executor.sandbox.mounts import unmount
+from task_executor.sandbox.mounts import mounts_under, unmount_under
 from task_executor.workspaces.fsutil import remove_tree
 
 from .services import Services
@@ -171,39 +169,6 @@ def owner_entries(base_dir: Path) -> tuple[str, ...]:
 def kill_owned(base_dir: Path, grace: float = reaper.DEFAULT_GRACE_S) -> int:
     """Kill every process started by an executor on ``base_dir``; return how many there were."""
     return reaper.kill(reaper.Target(environment=owner_entries(base_dir)), grace=grace)
-
-
-def mounts_under(root: Path) -> list[str]:
-    """Mount points strictly below ``root`` in this mount namespace, in mount order."""
-    prefix = str(root.resolve()).rstrip("/") + "/"
-    with open("/proc/self/mountinfo", "rb") as f:
-        lines = f.read().splitlines()
-    points = []
-    for line in lines:
-        # Field 5 is the mount point, with space, tab, newline and backslash escaped in octal.
-        raw = line.split(b" ")[4]
-        point = os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw))
-        if point.startswith(prefix):
-            points.append(point)
-    return points
-
-
-def unmount_under(root: Path) -> int:
-    """Unmount everything mounted below ``root`` (deepest first, lazily when busy); return how
-    many mounts went."""
-    before = len(mounts_under(root))
-    # Mounts can be stacked on one point, and a lazy unmount takes its children along: rescan
-    # until nothing is left (bounded, in case something mounts as fast as we unmount).
-    for _ in range(20):
-        points = mounts_under(root)
-        if not points:
-            break
-        for point in sorted(points, key=lambda p: p.count("/"), reverse=True):
-            unmount(Path(point))
-    left = mounts_under(root)
-    for point in left:
-        log.error("cannot unmount %s", point)
-    return before - len(left)
 
 
 def remove_work(work_root: Path) -> tuple[int, tuple[str, ...]]:

@@ -31,6 +31,17 @@ _JSON_ROUTES: list[tuple[str, str, type[BaseModel] | None, type[BaseModel], str]
      "Write raw bytes to ?path= inside the workspace"),
     ("/health", "get", None, protocol.HealthResponse, "Liveness and capabilities (no auth)"),
 ]
+_IDEMPOTENT = ("/task/submit", "/session/{session_id}/finish")
+_IDEMPOTENCY_PARAMETER = {
+    "name": protocol.IDEMPOTENCY_HEADER,
+    "in": "header",
+    "required": False,
+    "description": "One key per logical submission, sent again only by a retry of that call, "
+    "which then gets the stored answer (409 task_in_progress while it is still graded; 422 "
+    "idempotency_key_reused for a different body under the same key). Without it the call "
+    "always grades afresh.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
 _RAW_BODY = {"content": {"application/octet-stream": {"schema": {"type": "string",
                                                                   "format": "binary"}}}}
 
@@ -67,6 +78,15 @@ def openapi_document() -> dict[str, Any]:
             operation["requestBody"] = {"required": True, **_body(ref(request_model))}
         if "{session_id}" in path:
             operation["parameters"] = [_parameter("session_id", "path")]
+        if path in _IDEMPOTENT:
+            operation.setdefault("parameters", []).append(_IDEMPOTENCY_PARAMETER)
+            operation["responses"]["200"]["headers"] = {
+                protocol.REPLAYED_HEADER: {
+                    "description": "`true` when the answer is the one stored for this "
+                    "Idempotency-Key (a retry), absent when this call graded.",
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
+            }
         if path.endswith("/file"):
             operation["parameters"].append(_parameter("path", "query"))
             operation["requestBody"] = {"required": True, **_RAW_BODY}

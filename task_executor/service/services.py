@@ -20,7 +20,9 @@ from task_executor.grading.task_registry import TaskRegistry
 from task_executor.sandbox import isolation
 from task_executor.sandbox.capabilities import detect
 from task_executor.sandbox.cgroups import Groups
+from task_executor.sandbox.hostview import PRIVATE_TOP, HostView, build_host_view, host_view_argv
 from task_executor.sandbox.limits import Limits
+from task_executor.sandbox.namespaces import LaunchNamespaces
 from task_executor.sessions.manager import SessionManager
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.runtime import RuntimeLayers
@@ -30,6 +32,8 @@ from task_executor.workspaces.workspace import WorkspaceFactory
 from .capacity import Slots
 
 log = logging.getLogger(__name__)
+
+PRIVATE_TOP_MOUNTS = tuple(f"/{name}" for name in sorted(PRIVATE_TOP))
 
 
 class SandboxUnavailable(ExecutorError):
@@ -75,17 +79,29 @@ class Services:
             disk_bytes=settings.disk_limit_bytes, fsize_bytes=settings.fsize_limit_bytes,
             shm_bytes=settings.shm_bytes,
         )
+        fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
+        hide = isolation.hidden_paths(settings.base_dir, executor_paths())
+        if capabilities.sandbox:
+            view = build_host_view(
+                settings.base_dir / "view", settings.base_dir, hide,
+                keep_hiding_below=settings.runtime_dirs,
+                mount_points=(*PRIVATE_TOP_MOUNTS, *([fixed_path] if fixed_path else [])),
+            )
+            if not view.prebuilt:
+                capabilities.missing["host_view"] = view.reason
+        else:
+            view = HostView(host_view_argv(settings.base_dir), hide, prebuilt=False)
         sandbox = isolation.Sandbox(
             capabilities,
-            fixed_path=isolation.prepare_fixed_path(settings.fixed_path, capabilities),
-            hide=isolation.hidden_paths(settings.base_dir, executor_paths()),
+            fixed_path=fixed_path,
+            hide=view.hide,
             limits=limits,
             run_as=None if settings.run_as_uid is None else (
                 settings.run_as_uid,
                 settings.run_as_uid if settings.run_as_gid is None else settings.run_as_gid,
             ),
             reporter_dir=REPORTER_DIR,
-            host_view=isolation.host_view_argv(settings.base_dir),
+            host_view=view.argv,
         )
         executor_id = owner_token(settings.base_dir)
         groups = None
@@ -100,6 +116,14 @@ class Services:
             assert capabilities.sandbox_uid is not None
             runtime = RuntimeLayers(settings.base_dir / "runtime", settings.runtime_dirs,
                                     capabilities.sandbox_uid)
+        namespaces = None
+        if capabilities.sandbox:
+            try:  # last: the clean namespace copies every mount made above
+                namespaces = LaunchNamespaces()
+            except OSError as exc:
+                log.warning("sandboxes start from the executor's mount namespace: %s", exc)
+                capabilities.missing["launch_namespace"] = (
+                    f"sandboxes copy the executor's whole mount table ({exc})")
         workspaces = WorkspaceFactory(
             settings.base_dir / "work",
             mirrors,
@@ -109,6 +133,7 @@ class Services:
             setup_timeout=settings.task_timeout,
             groups=groups,
             runtime=runtime,
+            namespaces=namespaces,
         )
         if sandbox.fixed_path is not None and settings.workspace_mode != "git-clone":
             # Templates pay off only where every workspace can see them at the fixed path.

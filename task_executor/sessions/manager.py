@@ -27,6 +27,7 @@ from sandbox_client.protocol import (
     SessionStartSpec,
     SessionState,
     SnapshotInfo,
+    template_key,
 )
 from task_executor.config import Settings
 from task_executor.errors import Conflict, NotFound, OverCapacity
@@ -101,11 +102,15 @@ class SessionManager:
         snapshot: Snapshot | None = None,
         restore: tuple[bytes, str] | None = None,
     ) -> Session:
-        deny_network = self.grader.resolve_deny_network(spec.deny_network)
+        deny_network = self.grader.deny_for(spec.deny_network, spec.conditions)
+        key = template_key(spec.repo, spec.base_commit, spec.setup, spec.env)
+        self.grader.expect_conditions(spec.conditions, key, spec.env, deny_network)
         workspace = self.workspaces.create(
             spec.repo, spec.base_commit, spec.setup, spec.env, snapshot=snapshot
         )
         try:
+            if spec.conditions is not None and snapshot is None:
+                self.grader.conditions_in(spec.conditions, key, workspace, spec.env, deny_network)
             shell = self._shell(spec, workspace, deny_network, restore)
         except BaseException:
             workspace.destroy()
@@ -323,6 +328,8 @@ class SessionManager:
             spec=spec,
             setup=list(session.spec.setup),
             env=dict(session.spec.env),
+            deny_network=spec.deny_network,
+            conditions=session.spec.conditions,
         )
         result = self.grader.grade(job)
         result.excluded_files = sorted(set(result.excluded_files) | set(captured.excluded_files))

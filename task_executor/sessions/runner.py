@@ -64,6 +64,7 @@ from pathlib import Path
 
 from sandbox_client.protocol import ExecResult
 from task_executor.sandbox import reaper
+from task_executor.sandbox.namespaces import Launcher, as_launcher
 from task_executor.sandbox.output import CappedOutput
 
 from .framing import (
@@ -136,14 +137,14 @@ class ShellSession:
         env: dict[str, str],
         default_timeout: float = 300.0,
         output_cap: int = 64 * 1024,
-        launcher: Sequence[str] = (),
+        launcher: Launcher | Sequence[str] = (),
         restore: tuple[bytes, str] | None = None,
     ) -> None:
         """``launcher`` prefixes bash's argv (namespaces, limits); ``restore`` is a
         (:meth:`saved_state`, cwd) pair from another session to start from (a fork)."""
         self.commands_run = 0
         self._initial_cwd = cwd
-        self._launcher = list(launcher)
+        self._launcher = as_launcher(launcher)
         self._default_timeout = default_timeout
         self._head = output_cap // 2
         self._tail = output_cap - self._head
@@ -415,8 +416,8 @@ class ShellSession:
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         child_w = _high_fd(status_w)
         try:
-            proc = subprocess.Popen(
-                [*self._launcher, "bash", "--noprofile", "--norc"],
+            proc = self._launcher.popen(
+                ["bash", "--noprofile", "--norc"],
                 stdin=subprocess.PIPE,
                 stdout=self._out_w,
                 stderr=self._out_w,

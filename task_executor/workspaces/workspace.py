@@ -34,6 +34,7 @@ from task_executor.sandbox.cgroups import Group, Groups
 from task_executor.sandbox.command import run_command
 from task_executor.sandbox.isolation import Bind, Sandbox
 from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
+from task_executor.sandbox.namespaces import Launcher, LaunchNamespaces, MountNamespace
 
 from .artifacts import setup_artifacts
 from .fsutil import copy_tree, remove_tree
@@ -88,6 +89,8 @@ class Workspace:
     """The workspace's cgroups (process and memory limits), where the kernel gives them."""
     runtime_binds: tuple[Bind, ...] = ()
     """Its copy-on-write views of the runtime directories."""
+    namespace: MountNamespace | None = None
+    """The mount namespace its sandboxes start from (see ``sandbox.namespaces``)."""
     destroyed: bool = False
 
     @property
@@ -108,10 +111,10 @@ class Workspace:
         """The environment of code under test in this workspace."""
         return self.factory.env_builder(self.visible_tmp, extra)
 
-    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> list[str]:
+    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> Launcher:
         return self.factory.sandbox.launcher(
             self.path, self.tmp, deny_network, group=self.group,
-            binds=(*self.runtime_binds, *binds), args_dir=self.root,
+            binds=(*self.runtime_binds, *binds), args_dir=self.root, namespace=self.namespace,
         )
 
     def destroy(self) -> None:
@@ -137,6 +140,7 @@ class WorkspaceFactory:
         setup_timeout: float,
         groups: Groups | None = None,
         runtime: RuntimeLayers | None = None,
+        namespaces: LaunchNamespaces | None = None,
     ) -> None:
         self.root = root
         self.mirrors = mirrors
@@ -146,6 +150,7 @@ class WorkspaceFactory:
         self.setup_timeout = setup_timeout
         self.groups = groups
         self.runtime = runtime
+        self.namespaces = namespaces
         self.root.mkdir(parents=True, exist_ok=True)
         # The sandbox uid resolves bind sources itself: it may pass through, never list.
         self.root.chmod(0o711)
@@ -197,19 +202,23 @@ class WorkspaceFactory:
         holder.mkdir(mode=0o711)
         template = None
         group = None
+        namespace = None
         try:
+            if self.namespaces is not None:  # first: what is mounted below shows in it
+                namespace = self.namespaces.for_holder(holder)
             self._make_rw(holder / "rw")
             if self.groups is not None:
                 group = self.groups.create(holder.name)
             if self.mode == "git-clone":
                 workspace = self._create_clone(holder, repo, base_commit, setup, env, snapshot,
-                                               group)
+                                               group, namespace)
             else:
                 assert self.templates is not None
                 template = self.templates.acquire(repo, base_commit, setup, env)
-                workspace = self._from_template(holder, template, setup, env, snapshot, group)
+                workspace = self._from_template(holder, template, setup, env, snapshot, group,
+                                                namespace)
         except BaseException:
-            self._release_holder(holder, group)
+            self._release_holder(holder, group, namespace)
             if template is not None and self.templates is not None:
                 self.templates.release(template)
             raise
@@ -225,6 +234,7 @@ class WorkspaceFactory:
         env: dict[str, str],
         snapshot: Snapshot | None,
         group: Group | None,
+        namespace: MountNamespace | None,
     ) -> Workspace:
         in_tmpfs = self.mode != "overlay" and self.quota_mounts
         path = holder / "rw" / "tree" if in_tmpfs else holder / "merged"
@@ -232,7 +242,7 @@ class WorkspaceFactory:
             path=path, root=holder, base_commit=template.commit,
             mirror=template.mirror, visible_path=self.sandbox.fixed_path or str(path),
             setup=setup, env=env, factory=self, template=template,
-            artifacts=list(template.artifacts), group=group,
+            artifacts=list(template.artifacts), group=group, namespace=namespace,
         )
         if self.mode == "overlay":
             if snapshot is not None:
@@ -254,9 +264,15 @@ class WorkspaceFactory:
         if self.quota_mounts:
             # No quota configured: the tmpfs default (half of the RAM) is the ceiling.
             mount_tmpfs(rw, quota, mode=0o711)
-        (rw / "tmp" / "home").mkdir(parents=True)
-        (rw / "tmp").chmod(0o1777)
-        self.hand_over(rw / "tmp", recursive=True)
+        self._make_tmp(rw / "tmp")
+
+    def _make_tmp(self, tmp: Path) -> None:
+        """The workspace's /tmp with its home in it, the sandbox uid's (two chowns, not a
+        ``chown -R`` process: this runs on every create and reset)."""
+        (tmp / "home").mkdir(parents=True)
+        tmp.chmod(0o1777)
+        self.hand_over(tmp)
+        self.hand_over(tmp / "home")
 
     def _mount(self, workspace: Workspace) -> None:
         assert workspace.template is not None
@@ -285,7 +301,8 @@ class WorkspaceFactory:
         if self.mode == "overlay":
             unmount(workspace.path)
 
-    def _release_holder(self, holder: Path, group: Group | None) -> None:
+    def _release_holder(self, holder: Path, group: Group | None,
+                        namespace: MountNamespace | None) -> None:
         """Kill what runs in the workspace, unmount everything in it, remove it."""
         if group is not None:
             group.remove()
@@ -294,6 +311,9 @@ class WorkspaceFactory:
         for mounted in (holder / "merged", holder / "rw"):
             if os.path.ismount(mounted):
                 unmount(mounted)
+        if namespace is not None:
+            namespace.close()
+            unmount(holder)  # bound on itself (os.path.ismount cannot tell: same device)
         remove_tree(holder)
 
     def _create_clone(
@@ -305,6 +325,7 @@ class WorkspaceFactory:
         env: dict[str, str],
         snapshot: Snapshot | None,
         group: Group | None,
+        namespace: MountNamespace | None,
     ) -> Workspace:
         mirror, sha = self.mirrors.resolve(repo, base_commit)
         path = holder / "rw" / "repo" if self.quota_mounts else holder / "repo"
@@ -317,7 +338,7 @@ class WorkspaceFactory:
             path=path, root=holder, base_commit=sha, mirror=mirror,
             visible_path=self.sandbox.fixed_path if self.sandbox.active and self.sandbox.fixed_path
             else str(path),
-            setup=setup, env=env, factory=self, group=group,
+            setup=setup, env=env, factory=self, group=group, namespace=namespace,
         )
         self._mount_runtime(workspace)
         if snapshot is None:  # a snapshot was taken after setup
@@ -340,7 +361,7 @@ class WorkspaceFactory:
             if workspace.destroyed:
                 return
             workspace.destroyed = True
-        self._release_holder(workspace.root, workspace.group)
+        self._release_holder(workspace.root, workspace.group, workspace.namespace)
         self.mirrors.unpin(workspace.mirror)
         if workspace.template is not None and self.templates is not None:
             self.templates.release(workspace.template)
@@ -357,9 +378,7 @@ class WorkspaceFactory:
         workspace.layers = []
         for entry in list(workspace.rw.iterdir()):
             remove_tree(entry)
-        (workspace.tmp / "home").mkdir(parents=True)
-        workspace.tmp.chmod(0o1777)
-        self.hand_over(workspace.tmp, recursive=True)
+        self._make_tmp(workspace.tmp)
         if self.mode == "overlay":
             self._mount(workspace)
         else:
@@ -392,7 +411,7 @@ class WorkspaceFactory:
     # ------------------------------------------------------------------ setup
 
     def run_setup(
-        self, tree: Path, setup: list[str], full_env: dict[str, str], launcher: list[str]
+        self, tree: Path, setup: list[str], full_env: dict[str, str], launcher: Launcher
     ) -> None:
         """Run setup commands (network allowed: they install dependencies)."""
         for command in setup:
@@ -451,16 +470,19 @@ class WorkspaceFactory:
         self.hand_over_tree(tree)
         self.hand_over(tmp, recursive=True)
         group = self.groups.create(f"template-{root.name}") if self.groups is not None else None
+        # Mount points with the workspaces' (where transient mounts live); the upper layers in
+        # the template, where they stay.
         mount_holder = self.root / f"template-{root.name}"
+        mount_holder.mkdir(mode=0o711, exist_ok=True)
+        namespace = None
         binds: tuple[Bind, ...] = ()
         try:
+            if self.namespaces is not None and setup:
+                namespace = self.namespaces.for_holder(mount_holder)
             if self.runtime is not None and setup:
-                # Mount points with the workspaces' (where transient mounts live); the upper
-                # layers in the template, where they stay.
-                mount_holder.mkdir(mode=0o711, exist_ok=True)
                 binds = self.runtime.mount(mount_holder, root)
             launcher = self.sandbox.launcher(tree, tmp, deny_network=False, group=group,
-                                             binds=binds, args_dir=root)
+                                             binds=binds, args_dir=root, namespace=namespace)
             full_env = self.env_builder(self.sandbox.visible_tmp(tmp), env)
             self.run_setup(tree, setup, full_env, launcher=launcher)
         finally:
@@ -468,10 +490,13 @@ class WorkspaceFactory:
                 group.remove()
             if self.runtime is not None and binds:
                 self.runtime.unmount(mount_holder)
-                remove_tree(mount_holder)
                 # The layers stay; their overlay work directories are not needed any more.
                 for work in (root / "runtime").glob("*/work"):
                     remove_tree(work)
+            if namespace is not None:
+                namespace.close()
+                unmount(mount_holder)
+            remove_tree(mount_holder)
             remove_tree(tmp)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,53 @@ def test_grade_gets_every_verdict_past_an_executor_that_dies_on_every_request(
     assert attempts == [1, 1, 1] and hangup_server.connections > 0
 
 
+LENIENT_TESTS = (
+    "import pytest\n\n\n"
+    "def test_xfailed():\n"
+    "    pytest.xfail('called by the code under test, not declared')\n\n\n"
+    "def test_skipped():\n"
+    "    pytest.skip('skipped at run time')\n"
+)
+
+
+def test_grade_rules_swebench_is_the_harness_and_strict_stays_the_default(
+    demo_task: DemoTask, executor: Any, tmp_path: Path
+) -> None:
+    """The same gold patch: unresolved by Dockyard's rule (an xfail the test calls and a skip
+    are no passes), resolved by SWE-bench's; an apply failure is SWE-bench's error."""
+    lenient_file = {"tests/test_lenient.py": LENIENT_TESTS}
+    test_patch = diff_of(Path(demo_task.repo), {**TEST_FILES, **lenient_file})
+    lenient = demo_instance(
+        demo_task, "lenient", test_patch=test_patch,
+        FAIL_TO_PASS=json.dumps([*demo_task.fail_to_pass, "tests/test_lenient.py::test_xfailed"]),
+        PASS_TO_PASS=json.dumps([*demo_task.pass_to_pass, "tests/test_lenient.py::test_skipped"]),
+    )
+    broken = "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n"
+    instances = write_lines(tmp_path / "i.jsonl", [lenient, demo_instance(demo_task, "broken")])
+    predictions = write_lines(tmp_path / "p.jsonl", [
+        {"instance_id": "lenient", "model_patch": demo_task.gold_patch},
+        {"instance_id": "broken", "model_patch": broken},
+    ])
+    report_path = tmp_path / "report.json"
+    assert grade((instances, predictions), report_path, executor.url) == 0
+    strict = json.loads(report_path.read_text())
+    assert strict["unresolved_ids"] == ["broken", "lenient"] and strict["error_ids"] == []
+    failed = strict["instances"]["lenient"]["tests_status"]
+    assert failed["FAIL_TO_PASS"]["failure"] == ["tests/test_lenient.py::test_xfailed"]
+    assert failed["PASS_TO_PASS"]["failure"] == ["tests/test_lenient.py::test_skipped"]
+
+    # The same report file: entries made by other rules are graded again, not reused.
+    files = (instances, predictions)
+    assert grade(files, report_path, executor.url, "--rules", "swebench") == 1  # an error
+    harness = json.loads(report_path.read_text())
+    assert harness["resolved_ids"] == ["lenient"] and harness["error_ids"] == ["broken"]
+    entry = harness["instances"]["lenient"]
+    assert entry["rules"] == "swebench" and entry["status"] == "resolved"
+    assert "tests/test_lenient.py::test_xfailed" in entry["tests_status"]["FAIL_TO_PASS"]["success"]
+    assert "tests/test_lenient.py::test_skipped" in entry["tests_status"]["PASS_TO_PASS"]["success"]
+    assert harness["instances"]["broken"]["status"] == "patch_apply_failed"
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
@@ -201,6 +250,9 @@ def test_preflight_flags_vacuous_flaky_and_errors(
         ),
         # Refused by the executor: no verdict, which is not evidence against the instance.
         demo_instance(demo_task, "no-repo", repo=str(tmp_path / "missing-repo")),
+        # A required test the runner never reports: the task is broken, whatever the patch.
+        demo_instance(demo_task, "broken", FAIL_TO_PASS=json.dumps(
+            [*demo_task.fail_to_pass, "tests/test_calc.py::test_subtract"])),
     ]
     path = write_lines(tmp_path / "instances.jsonl", instances)
     allowlist, findings = tmp_path / "allow.txt", tmp_path / "preflight.json"
@@ -231,14 +283,38 @@ def test_preflight_flags_vacuous_flaky_and_errors(
         "empty-passes": "vacuous",
         "flaky": "flaky",
         "no-repo": "error",
+        "broken": "vacuous",
     }
     assert checks["ref-fails"]["flags"] == ["reference_fails"]
     assert checks["empty-passes"]["flags"] == ["empty_passes"]
     assert "flaky_reference" in checks["flaky"]["flags"]
     assert checks["flaky"]["flaky_tests"] == ["tests/test_flaky.py::test_flaky"]
     assert "unknown_repo" in checks["no-repo"]["errors"][0]
+    assert checks["broken"]["flags"] == ["task_broken (test_ids_not_found)"]
+    # What the instance was checked under (egress allowed on this executor), recorded once.
+    [conditions] = checks["good"]["conditions"]
+    assert conditions["egress"] is True and conditions["python"] and conditions["workspace_mode"]
     out = capsys.readouterr().out
-    assert "1 ok, 2 vacuous, 1 flaky, 1 error" in out
+    assert "1 ok, 3 vacuous, 1 flaky, 1 error" in out
+
+
+def test_preflight_twice_grades_every_repeat_both_times(
+    demo_task: DemoTask, process_executors: Any, tmp_path: Path
+) -> None:
+    """A byte-identical grading is not a retry: a second preflight must run the tests again,
+    or it could never find a flaky test (nor could a regrade after a deleted report)."""
+    (worker,) = process_executors(1)
+    path = write_lines(tmp_path / "i.jsonl", [demo_instance(demo_task, "twice")])
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "sandbox_client", "preflight", "--instances", str(path),
+               "--urls", worker.url, "--repeat", "1", "--allowlist", str(tmp_path / "allow.txt")]
+    for _ in range(2):
+        run = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+    log = (tmp_path / "fleet" / f"worker-{worker.index}" / "task_executor.log").read_text()
+    graded = Counter(re.findall(r"task (twice@\S+) status=", log))
+    assert graded == {"twice@preflight-reference-0": 2, "twice@preflight-empty-0": 2}
 
 
 def test_preflight_needs_reference_patches(

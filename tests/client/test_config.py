@@ -8,6 +8,7 @@ import pytest
 
 from sandbox_client import ClientConfig, SandboxClient
 from sandbox_client.config import DEFAULT_URL, resolve_config
+from sandbox_client.protocol import TaskSpec
 
 ENV = {"DOCKYARD_SANDBOX_URLS": "http://env-a:9090, http://env-b:9090/", "DOCKYARD_API_TOKEN": "t"}
 
@@ -103,3 +104,21 @@ def test_routing_defaults_to_affinity_and_comes_from_argument_trainer_or_environ
 def test_bad_routing_fails_at_construction(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ClientConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_conditions_for_every_task_from_argument_trainer_config_or_environment() -> None:
+    environ = {"DOCKYARD_CONDITIONS": '{"egress": false, "python": "3.11"}'}
+    assert resolve_config(environ=environ).conditions.python == "3.11"
+    trainer = SimpleNamespace(env=SimpleNamespace(code=SimpleNamespace(
+        conditions=SimpleNamespace(cpus=4))))
+    assert resolve_config(config=trainer, environ=environ).conditions.cpus == 4
+    config = resolve_config(conditions={"timezone": "Etc/UTC"}, environ=environ)
+    assert config.conditions.timezone == "Etc/UTC" and config.conditions.python is None
+    spec = config.with_conditions(TaskSpec(task_id="t", repo="/r", base_commit="c"))
+    assert spec.conditions == config.conditions
+    own = TaskSpec(task_id="t", repo="/r", base_commit="c", conditions={"cpus": 2})
+    assert config.with_conditions(own).conditions.cpus == 2  # a task's own declaration wins
+    with pytest.raises(ValueError, match="DOCKYARD_CONDITIONS"):
+        resolve_config(environ={"DOCKYARD_CONDITIONS": "{not json"})
+    with pytest.raises(ValueError, match="pyton"):
+        resolve_config(conditions={"pyton": "3.11"}, environ={})

@@ -96,10 +96,11 @@ def test_executor_killed_mid_batch_loses_no_verdict(
 
 class DroppingProxy:
     """Forwards HTTP requests to ``upstream``; drops the reply of the first ``drops`` requests
-    after the upstream answered (a reply lost on the way back)."""
+    whose path ends with ``only`` after the upstream answered (a reply lost on the way back)."""
 
-    def __init__(self, upstream: str, drops: int) -> None:
-        self.upstream, self.drops, self.requests = upstream, drops, 0
+    def __init__(self, upstream: str, drops: int, only: str = "") -> None:
+        self.upstream, self.drops, self.only, self.requests = upstream, drops, only, 0
+        self.matched = 0
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(8)
@@ -126,14 +127,14 @@ class DroppingProxy:
             while len(body) < int(headers.get("Content-Length", 0)):
                 body += conn.recv(65536)
             self.requests += 1
+            matched = path.endswith(self.only)
+            self.matched += matched
+            forwarded = {name: headers[name] for name in ("Content-Type", "Idempotency-Key")
+                         if name in headers}
             answer = requests.request(
-                method,
-                self.upstream + path,
-                data=body,
-                timeout=60,
-                headers={"Content-Type": headers.get("Content-Type", "")},
+                method, self.upstream + path, data=body, timeout=60, headers=forwarded
             )
-            if self.requests <= self.drops:
+            if matched and self.matched <= self.drops:
                 return  # the executor graded it; the client never hears back
             conn.sendall(
                 f"HTTP/1.1 {answer.status_code} X\r\nContent-Length: {len(answer.content)}\r\n"
@@ -164,9 +165,33 @@ def test_lost_reply_does_not_run_tests_twice(
     with SandboxClient(dropping_proxy.url) as client:
         result = client.run_task(task)
     assert result.status == "resolved"
-    # The submit, the /health that says the executor is still there, the same task_id again.
+    # The submit, the /health that says the executor is still there, the same call again.
     assert dropping_proxy.requests == 3
     assert counter.count == 1  # graded once
+
+
+def test_lost_finish_reply_is_retried_and_answered_without_regrading(
+    demo_task: DemoTask, executor_factory: Executors, connection_counter: Any
+) -> None:
+    executor = executor_factory(deny_network=False)  # the test command checks in on the host
+    proxy = DroppingProxy(executor.url, drops=1, only="/finish")
+    check_in = f'python -c "{connection_counter.snippet()}"'
+    try:
+        with SandboxClient(proxy.url) as client:
+            session = client.start_session(
+                {"repo": demo_task.repo, "base_commit": demo_task.base_commit, "env": FAST_ENV}
+            )
+            session.exec("sed -i 's/return a - b/return a + b/' calc/__init__.py")
+            done = session.finish(
+                test_patch=demo_task.test_patch, fail_to_pass=demo_task.fail_to_pass,
+                pass_to_pass=demo_task.pass_to_pass,
+                test_command=f"{check_in}; python -m pytest -p no:cacheprovider tests/test_calc.py",
+            )
+    finally:
+        proxy.close()
+    assert done.result.status == "resolved" and "return a + b" in done.patch
+    assert proxy.matched == 2  # the finish whose reply was lost, and its retry
+    assert connection_counter.count == 1  # graded once
 
 
 def test_session_start_exec_files_finish(demo_task: DemoTask, executor: Any) -> None:

@@ -171,7 +171,10 @@ def test_a_replaced_report_file_reads_as_no_report(executor, demo_task, shared_d
     answer = executor.submit(body)
     assert answer.status_code == 200, answer.text
     result = answer.json()
-    assert result["status"] == "unresolved", result  # the forged passes were never read
+    # The forged passes were never read: no tests reported. The command is the task's own here,
+    # so the control (no agent patch) reports none either: no verdict, never a pass.
+    assert (result["status"], result["error_code"]) == ("execution_error",
+                                                        "control_no_tests_reported"), result
     assert all(state == "MISSING" for state in result["tests"].values()), result["tests"]
     assert "HOST-SECRET::marker" not in json.dumps(result)
     assert executor.work_dirs() == []

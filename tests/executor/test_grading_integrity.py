@@ -38,6 +38,7 @@ def test_gold_patch_resolves(executor, demo_task):
     assert result["tests"]["tests/test_calc.py::test_add_many[1-2-3]"] == "PASSED"
     assert result["phases"]["tests"] > 0
     assert "test session starts" in result["log"]
+    assert (result["control_run"], result["phases"]["control"]) == (None, 0.0)  # consistent
 
 
 def test_empty_patch_is_unresolved(executor, demo_task):
@@ -46,6 +47,7 @@ def test_empty_patch_is_unresolved(executor, demo_task):
     assert result["resolved"] is False
     assert result["tests"]["tests/test_calc.py::test_add"] == "FAILED"
     assert result["pass_to_pass"]["failed"] == []
+    assert result["control_run"] is None and result["error_code"] is None
 
 
 def test_conftest_cheat_works_when_it_is_part_of_the_base(executor, tmp_path, demo_task):
@@ -192,17 +194,19 @@ def test_imperative_xfail_in_code_under_test_is_not_a_pass(executor, demo_task):
     assert result["tests"]["tests/test_calc.py::test_add"] == "SKIPPED"
 
 
-def test_exit_status_that_contradicts_the_results_is_no_verdict(executor, demo_task):
-    """Code that forces the process to fail after passing tests gets execution_error, not 1.0."""
+def test_exit_status_that_contradicts_the_results_is_not_a_pass(executor, demo_task):
+    """Code that forces the process to fail after passing tests gets no 1.0: the run gives no
+    consistent verdict, the control (no agent patch) does, so the patch is to blame."""
     source = Path(demo_task.repo, "calc/__init__.py").read_text()
     odd = "import atexit, os\natexit.register(lambda: os._exit(3))\n" + source
     patch = _cheat_patch(
         demo_task, {**FIXED_FILES, "calc/__init__.py": odd.replace("return a - b", "return a + b")}
     )
     result = executor.submit(demo_task.request("exit", patch)).json()
-    assert result["status"] == "execution_error"
-    assert result["resolved"] is None
-    assert result["error_code"] == "inconsistent_results"
+    assert result["status"] == "unresolved"
+    assert result["resolved"] is False
+    assert result["error_code"] == "exit_status_mismatch"
+    assert result["control_run"] is True
 
 
 def test_masked_exit_status_with_failures_is_no_verdict(executor, demo_task):

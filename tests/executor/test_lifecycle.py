@@ -96,10 +96,11 @@ def owned_processes(base: Path) -> list[reaper.ProcInfo]:
 
 
 def assert_nothing_left(base: Path) -> None:
-    """Nothing of a dead executor's work: the live one's own read-only runtime binds (made at
-    its start, one per copy-on-write runtime directory) are all that may be mounted."""
+    """Nothing of a dead executor's work: the live one's own read-only runtime binds and host
+    view (made at its start) are all that may be mounted."""
     assert owned_processes(base) == []
-    assert [m for m in mounts_under(base) if not m.startswith(f"{base}/runtime/")] == []
+    assert [m for m in mounts_under(base)
+            if not m.startswith((f"{base}/runtime/", f"{base}/view"))] == []
     assert sorted((base / "work").iterdir()) == []
 
 

@@ -7,8 +7,6 @@ what the attack saw reaches the log). The attack scripts print ``ESCAPED: ...`` 
 that worked and ``ATTACK-DONE`` at their end; a test asserts the script ran to its end, that
 nothing escaped, and that nothing of the attack survives the task (processes, files on the host,
 later verdicts).
-
-Tests marked xfail name a hole that is still open (see each reason).
 """
 
 from __future__ import annotations
@@ -435,7 +433,9 @@ def test_the_sandbox_init_does_not_name_the_base_dir(executor, demo_task):
 
 def _templates_are_clean(executor: RunningExecutor, demo_task) -> None:
     base_dir = executor.settings.base_dir
-    planted = [p for p in base_dir.rglob("conftest.py") if "/work/" not in str(p)]
+    # Not in work/ (live trees) nor in view/ (the host, read-only, as sandboxes see it).
+    planted = [p for top in base_dir.iterdir() if top.name not in ("work", "view")
+               for p in ([top] if top.name == "conftest.py" else top.rglob("conftest.py"))]
     assert planted == []
     for tree in (base_dir / "templates").glob("*/tree"):
         assert (tree / "calc" / "__init__.py").read_text() == BASE_FILES["calc/__init__.py"]
@@ -774,7 +774,7 @@ def test_graded_code_does_not_run_in_the_executors_interpreter(executor, demo_ta
 
 
 # ---------------------------------------------------------------------------------- found holes
-# Holes these attacks found: the ones still open are strict xfails naming the hole.
+# Holes these attacks found, closed since: each test names the hole it was.
 
 
 _SH_PAYLOAD = (
@@ -841,30 +841,31 @@ if _dy_reporter is not None:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (reward): the reporter runs in the test process, so module code the tests import can "
-    "rewrite what it records (sys.modules['dockyard_report'].record, or append to the report "
-    "file it finds in /tmp) and force exit status 0 (atexit os._exit(0)): an unfixed bug is "
-    "graded `resolved` while pytest's own output shows the failures"))
 def test_code_under_test_cannot_rewrite_its_own_verdict(executor, demo_task):
+    """Was a hole (reward): the reporter runs in the test process, so module code the tests
+    import rewrote what it records (sys.modules['dockyard_report'].record) and forced exit status
+    0 (atexit os._exit(0)): an unfixed bug was graded `resolved` while pytest's own output showed
+    the failures. The reporter's count is now checked against pytest's summary line, which the
+    executor reads from the output out of process; they disagree, the control agrees."""
     _require_sandbox(executor)
     source = BASE_FILES["calc/__init__.py"]
     patch = diff_of(Path(demo_task.repo), {"calc/__init__.py": FORGE_THE_REPORTER + source})
     result = executor.submit(demo_task.request("forger", patch)).json()
     assert "assert -1 == 5" in result["log"]  # the bug is still there
-    assert result["status"] == "unresolved"
+    assert result["test_exit_code"] == 0  # the forged exit status
+    assert (result["status"], result["error_code"]) == ("unresolved", "report_mismatch"), result
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (reward): DESIGN.md says a run that crashes or reports no tests is compared with the "
-    "control (no agent patch) and is `unresolved` when the control is consistent; the grader has "
-    "no control run, so module code that kills its own test run (`kill -9 -1`, os._exit) turns "
-    "a certain 0 into `execution_error` (no verdict, which reward code excludes)"))
 def test_a_test_run_that_kills_itself_is_unresolved(executor, demo_task):
+    """Was a hole (reward): module code that killed its own test run (`kill -9 -1`) turned a
+    certain 0 into `execution_error` (no verdict, which reward code excludes); a run that
+    crashes is now compared with the control (no agent patch), which is consistent."""
     _require_sandbox(executor)
     patch = _attack_patch(demo_task, "kill -9 -1")
     result = executor.submit(demo_task.request("suicide", patch)).json()
     assert result["status"] == "unresolved", (result["status"], result.get("error"))
+    assert result["error_code"] == "tests_crashed"
+    assert result["control_run"] is True
 
 
 def test_snapshots_count_against_the_disk_quota(executor_factory, demo_task):
@@ -912,3 +913,75 @@ def test_a_vanished_sibling_of_the_base_dir_does_not_break_the_sandbox(outside_t
     answer = executor.post("/session/start", json={"repo": demo_task.repo,
                                                    "base_commit": demo_task.base_commit})
     assert answer.status_code == 200, answer.text
+
+
+def _holders_seen_by_bwraps(work: str) -> list[set[str]]:
+    """For every bubblewrap this process started (the sandbox's monitor, whose namespace is the
+    one it was launched from): the workspaces under ``work`` its mount table shows."""
+    seen = []
+    for pid in _pids_named("bwrap"):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            if re.search(r"^PPid:\s+(\d+)$", status, re.M)[1] != str(os.getpid()):
+                continue  # a sandbox's init, or another process's sandbox
+            table = Path(f"/proc/{pid}/mountinfo").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        holders = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)", table))
+        if holders:
+            seen.append(holders)
+    return seen
+
+
+def test_sandboxes_start_from_a_mount_table_with_their_own_workspace_only(executor, demo_task):
+    # Each workspace's sandboxes start from a launch namespace of its own (the host, the host
+    # view and that workspace's mounts): bubblewrap copies and rereads the table it starts from
+    # on every launch, so started from the executor's table (every live workspace's tmpfs,
+    # overlay and runtime overlays) a launch got slower with every live session. bwrap's
+    # monitor process stays in the namespace it started in: its table shows what it copied.
+    sandbox = _require_sandbox(executor)
+    assert "launch_namespace" not in sandbox["missing"] and "host_view" not in sandbox["missing"]
+    work = str((executor.settings.base_dir / "work").resolve())
+    sessions = [_start(executor, demo_task) for _ in range(4)]
+    host_side = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)",
+                               Path("/proc/self/mountinfo").read_text()))
+    assert len(host_side) == 4  # the executor's own table has them all
+    seen = _holders_seen_by_bwraps(work)
+    assert len(seen) >= 4, seen
+    assert all(len(holders) == 1 for holders in seen), seen
+    assert set().union(*seen) == host_side
+    for session_id in sessions:
+        assert executor.delete(f"/session/{session_id}").status_code == 200
+    assert executor.work_dirs() == []
+
+
+def test_the_launchers_malloc_setting_stays_outside_and_a_tasks_own_is_kept(executor,
+                                                                             demo_task):
+    # bubblewrap runs with GLIBC_TUNABLES (its init gives big arrays back, see isolation.py);
+    # code under test gets the task's environment exactly.
+    _require_sandbox(executor)
+    show = "echo tunables=${GLIBC_TUNABLES-unset}; echo ATTACK-DONE"
+    plain = _start(executor, demo_task)
+    assert "tunables=unset\n" in _exec(executor, plain, show)["output"]
+    own = _start(executor, demo_task, env={"GLIBC_TUNABLES": "glibc.malloc.check=0"})
+    assert "tunables=glibc.malloc.check=0\n" in _exec(executor, own, show)["output"]
+    bwrap_env = []
+    for pid in _pids_named("bwrap"):  # this executor's sandboxes' monitors
+        with contextlib.suppress(OSError):
+            if f"\nPPid:\t{os.getpid()}\n" in Path(f"/proc/{pid}/status").read_text():
+                bwrap_env.append(Path(f"/proc/{pid}/environ").read_bytes())
+    assert len(bwrap_env) >= 2
+    tunable = b"GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"
+    assert sum(tunable in env for env in bwrap_env) >= 1  # the plain session's
+    assert any(b"GLIBC_TUNABLES=glibc.malloc.check=0" in env for env in bwrap_env)
+
+
+def _pids_named(name: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == name:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from task_executor.demo import diff_of, init_repo
+from tests.conftest import FAST_PYTEST_ENV
 from tests.processes import PROBE_VARIABLE, ProcessWatch
 
 
@@ -257,13 +258,42 @@ def test_over_capacity_is_429_and_health_stays_fast(executor_factory, tmp_path):
     first.join()
 
 
-def test_resubmission_returns_the_stored_verdict(executor, demo_task):
-    body = demo_task.request("same", demo_task.gold_patch)
-    first = executor.submit(body).json()
-    second = executor.submit(body).json()
-    assert second == first  # same duration: not graded twice
-    other = executor.submit({**body, "patch": ""}).json()
-    assert other["status"] == "unresolved"  # same task_id, different patch: graded anew
+def test_only_a_retry_with_the_same_key_replays(
+    executor_factory, demo_task, connection_counter, shared_dir
+):
+    """One Idempotency-Key is one call: its retry joins the grading (409 while it runs) and then
+    gets the stored verdict; a different body under it is refused; no key grades afresh."""
+    executor = executor_factory(deny_network=False)  # the test command checks in on the host
+    counter, gate = connection_counter, shared_dir / "go"
+    command = (f'python -c "{counter.snippet()}"; while [ ! -e {gate} ]; do sleep 0.05; done; '
+               "python -m pytest -p no:cacheprovider tests/test_calc.py")
+    body = {**demo_task.request("keyed", demo_task.gold_patch), "test_command": command,
+            "env": dict(FAST_PYTEST_ENV)}
+    key = {"Idempotency-Key": "call-1"}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(executor.post, "/task/submit", json=body, headers=key)
+        deadline = time.monotonic() + 60
+        while counter.count < 1:  # the first grading is running its tests
+            assert time.monotonic() < deadline and not first.done()
+            time.sleep(0.05)
+        joined = executor.post("/task/submit", json=body, headers=key)
+        assert joined.status_code == 409 and joined.json()["error"]["code"] == "task_in_progress"
+        assert int(joined.headers["Retry-After"]) >= 1
+        reused = executor.post("/task/submit", json={**body, "patch": ""}, headers=key)
+        assert reused.status_code == 422
+        assert reused.json()["error"]["code"] == "idempotency_key_reused"
+        gate.touch()
+        graded = first.result()
+    assert graded.json()["status"] == "resolved" and "Idempotent-Replayed" not in graded.headers
+    replayed = executor.post("/task/submit", json=body, headers=key)
+    assert replayed.headers["Idempotent-Replayed"] == "true"
+    assert replayed.json() == graded.json()
+    assert counter.count == 1  # neither the joined call nor the retry ran the tests
+    fresh = executor.post("/task/submit", json=body)  # the same body, a new call: graded again
+    assert fresh.json()["status"] == "resolved" and "Idempotent-Replayed" not in fresh.headers
+    assert counter.count == 2
+    bad = executor.post("/task/submit", json=body, headers={"Idempotency-Key": "a b"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_idempotency_key"
 
 
 def test_openapi_document_describes_the_protocol(executor):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -113,19 +114,26 @@ def test_forked_session_diverges_from_its_source(executor, demo_task):
     assert _finish(executor, source, demo_task)["result"]["status"] == "unresolved"
 
 
-@needs_egress_guard
-def test_egress_is_denied_and_loopback_works(executor, tmp_path):
+def _network_task(tmp_path: Path, more_tests: str) -> tuple[Path, str, str]:
+    """A repository and a test patch whose test_only_loopback passes only without egress."""
     from task_executor.demo import diff_of, init_repo
 
     repo = tmp_path / "net"
     base = init_repo(repo, {"x.py": "X = 1\n"})
-    # The documentation address (TEST-NET-1): with no route out of the namespace the connect
-    # fails inside the kernel, before any packet could leave.
-    test_patch = diff_of(repo, {"test_net.py": (
+    return repo, base, diff_of(repo, {"test_net.py": (
         "import socket, subprocess, time\n"
         "def test_only_loopback():\n"
         "    links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True).stdout\n"
         "    assert [l.split(':')[1].strip() for l in links.splitlines()] == ['lo']\n"
+        + more_tests
+    )})
+
+
+@needs_egress_guard
+def test_egress_is_denied_and_loopback_works(executor, tmp_path):
+    # The documentation address (TEST-NET-1): with no route out of the namespace the connect
+    # fails inside the kernel, before any packet could leave.
+    repo, base, test_patch = _network_task(tmp_path, (
         "def test_connect_out_fails_fast():\n"
         "    started = time.monotonic()\n"
         "    try:\n"
@@ -137,13 +145,33 @@ def test_egress_is_denied_and_loopback_works(executor, tmp_path):
         "    server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()\n"
         "    client = socket.create_connection(server.getsockname(), timeout=2)\n"
         "    client.sendall(b'hi'); assert server.accept()[0].recv(2) == b'hi'\n"
-    )})
+    ))
     body = {"task_id": "net", "repo": str(repo), "base_commit": base, "test_patch": test_patch,
             "fail_to_pass": ["test_net.py::test_only_loopback", "test_net.py::test_loopback_works",
                              "test_net.py::test_connect_out_fails_fast"]}
     result = executor.submit(body).json()
     assert result["status"] == "resolved", result["log"]
     assert executor.get("/health").json()["capabilities"]["deny_network_default"] is True
+
+
+@needs_egress_guard
+def test_finish_runs_the_tests_under_the_egress_it_asks_for(executor_factory, tmp_path):
+    # The session's shell may have the network (an agent installing things); the finish's own
+    # deny_network decides what the graded tests get, as a TaskSpec's does.
+    repo, base, test_patch = _network_task(tmp_path, "")
+    executor = executor_factory(deny_network=False)
+    results = {}
+    for deny in (True, False):
+        sid = executor.post("/session/start", json={
+            "repo": str(repo), "base_commit": base, "deny_network": False}).json()["session_id"]
+        answer = executor.post(f"/session/{sid}/finish", json={
+            "test_patch": test_patch, "fail_to_pass": ["test_net.py::test_only_loopback"],
+            "deny_network": deny})
+        assert answer.status_code == 200, answer.text
+        results[deny] = answer.json()["result"]["tests"]["test_net.py::test_only_loopback"]
+    assert results[True] == "PASSED"
+    if len(os.listdir("/sys/class/net")) > 1:  # the host has more than loopback
+        assert results[False] == "FAILED"
 
 
 def test_egress_denial_fails_closed_without_the_guard(executor_factory, demo_task):

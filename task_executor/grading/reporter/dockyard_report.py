@@ -46,6 +46,18 @@ def pytest_configure(config):
     _open_once()
 
 
+# A session's start and finish bracket its reports: a start without a finish is a run that died
+# mid-way, and the reports since the last start are what pytest's own summary line counts.
+
+
+def pytest_sessionstart(session):
+    record(kind="session", event="start")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    record(kind="session", event="finish", exitstatus=int(exitstatus))
+
+
 def pytest_collectreport(report):
     if report.failed:
         record(kind="collect", id=report.nodeid, outcome="error")

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app, request
 
 from sandbox_client.protocol import (
     ExecRequest,
+    FinishResult,
     FinishSpec,
     ForkRequest,
     SessionClosed,
@@ -16,6 +17,7 @@ from task_executor.errors import InvalidRequest
 from task_executor.service.metrics import observe_exec, observe_grading
 
 from .bodies import parse_body
+from .idempotency import graded_once
 
 blueprint = Blueprint("session", __name__, url_prefix="/session")
 
@@ -86,13 +88,18 @@ def state(session_id: str) -> dict:
 
 
 @blueprint.post("/<session_id>/finish")
-def finish(session_id: str) -> dict:
+def finish(session_id: str) -> Response:
     spec = parse_body(FinishSpec)
     services = _services()
-    with services.task_slots.hold():
-        finished = services.sessions.finish(session_id, spec)
-    observe_grading(finished.result, "finish")
-    return finished.model_dump(mode="json")
+
+    def grade() -> FinishResult:
+        with services.task_slots.hold():
+            finished = services.sessions.finish(session_id, spec)
+        observe_grading(finished.result, "finish")
+        return finished
+
+    # Every answer is kept, execution_error too: the session is gone, a retry cannot regrade.
+    return graded_once(f"finish {session_id}", spec, grade)
 
 
 @blueprint.delete("/<session_id>")
