@@ -53,6 +53,8 @@ from .errors import (
     ProtocolError,
     ReplyLost,
     TaskExecutorError,
+    first_problem,
+    parse_spec,
 )
 from .protocol import (
     IDEMPOTENCY_HEADER,
@@ -157,9 +159,9 @@ class SandboxClient:
 
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the executor its template is placed on; raises
-        ``TaskExecutorError`` on failure."""
+        ``TaskExecutorError`` on failure (``InvalidSpec`` for a spec that does not validate)."""
         task = self.config.with_conditions(
-            self.config.with_task_timeout(TaskSpec.model_validate(spec)))
+            self.config.with_task_timeout(parse_spec(TaskSpec, spec)))
         body = task.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(task.timeout)
         key = template_key(task.repo, task.base_commit, task.setup, task.env)
@@ -174,7 +176,7 @@ class SandboxClient:
 
     def start_session(self, spec: SessionStartSpec | Mapping[str, Any]) -> RemoteSession:
         """Open a shell session where its template is placed; later calls all go there."""
-        start = self.config.with_conditions(SessionStartSpec.model_validate(spec))
+        start = self.config.with_conditions(parse_spec(SessionStartSpec, spec))
         body = start.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(None)
         key = template_key(start.repo, start.base_commit, start.setup, start.env)
@@ -194,6 +196,11 @@ class SandboxClient:
         answer = self._exchange(url, "GET", "/health", HealthResponse, self.config.read_timeout)
         self._fleet.answered(url, answer.load)
         return answer
+
+    def check_token(self, url: str) -> None:
+        """One authenticated call on ``url`` (``GET /metrics``, no retries): raises
+        ``ExecutorRejected`` with status 401 when it refuses this client's token."""
+        self._exchange(url, "GET", "/metrics", None, self.config.read_timeout)
 
     def fleet_status(self) -> dict[str, ExecutorStatus]:
         """Each executor as this client sees it: healthy or ejected, requests in flight, last
@@ -417,11 +424,9 @@ class SandboxClient:
         try:
             return model.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "body"
+            where, problem = first_problem(exc)
             raise ProtocolError(
-                f"{what}: answer is not a valid {model.__name__} ({where}: {first['msg']})",
-                url=url,
+                f"{what}: answer is not a valid {model.__name__} ({where}: {problem})", url=url
             ) from exc
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
+from .errors import InvalidConfig
 from .protocol import GradingSpec, RequiredConditions, SessionStartSpec, TaskSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -84,11 +85,11 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         if not self.urls:
-            raise ValueError("ClientConfig needs at least one executor URL")
+            raise InvalidConfig("ClientConfig needs at least one executor URL")
         if self.routing not in get_args(Routing):
-            raise ValueError(f"routing must be one of {get_args(Routing)}, got {self.routing!r}")
+            raise InvalidConfig(f"routing must be one of {get_args(Routing)}, got {self.routing!r}")
         if self.affinity_k < 1:
-            raise ValueError(f"affinity_k must be at least 1, got {self.affinity_k}")
+            raise InvalidConfig(f"affinity_k must be at least 1, got {self.affinity_k}")
         object.__setattr__(self, "urls", tuple(normalize_url(u) for u in self.urls))
 
     def run_read_timeout(self, run_s: float | None) -> float:
@@ -115,7 +116,7 @@ def normalize_url(url: str) -> str:
     cleaned = url.strip().rstrip("/")
     parts = urlsplit(cleaned)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"executor URL must look like http://host:port, got {url!r}")
+        raise InvalidConfig(f"executor URL must look like http://host:port, got {url!r}")
     return cleaned
 
 
@@ -177,16 +178,20 @@ def resolve_config(
 
     if timeout is not None:
         if isinstance(timeout, tuple):
-            changes["connect_timeout"], changes["read_timeout"] = map(float, timeout)
+            if len(timeout) != 2:
+                raise InvalidConfig(f"timeout must be a number or (connect, read), got {timeout!r}")
+            connect, read = timeout
+            changes["connect_timeout"] = _number(float, connect, "timeout")
+            changes["read_timeout"] = _number(float, read, "timeout")
         else:
-            changes["read_timeout"] = float(timeout)
+            changes["read_timeout"] = _number(float, timeout, "timeout")
 
     if task_timeout is not None:
-        changes["task_timeout"] = float(task_timeout)
+        changes["task_timeout"] = _number(float, task_timeout, "task_timeout")
     elif base is None:
         from_trainer = lookup(trainer, "env.code.task_timeout")
         if from_trainer is not None:
-            changes["task_timeout"] = float(from_trainer)
+            changes["task_timeout"] = _number(float, from_trainer, "env.code.task_timeout")
 
     if routing is not None:
         changes["routing"] = routing
@@ -198,9 +203,10 @@ def resolve_config(
             changes["routing"] = env[ROUTING_ENV].strip()
 
     if affinity_k is not None:
-        changes["affinity_k"] = int(affinity_k)
+        changes["affinity_k"] = _number(int, affinity_k, "affinity_k")
     elif base is None and lookup(trainer, "env.code.affinity_k") is not None:
-        changes["affinity_k"] = int(lookup(trainer, "env.code.affinity_k"))
+        changes["affinity_k"] = _number(int, lookup(trainer, "env.code.affinity_k"),
+                                        "env.code.affinity_k")
 
     if conditions is None and base is None:
         from_trainer = lookup(trainer, "env.code.conditions")
@@ -217,6 +223,15 @@ def resolve_config(
     return replace(base or ClientConfig(), **changes)
 
 
+N = TypeVar("N", int, float)
+
+
+def _number(kind: type[N], value: Any, name: str) -> N:
+    """``value`` as ``kind``, or ``InvalidConfig`` naming the setting."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise InvalidConfig(f"{name} must be a number, got {value!r}") from None
 def _items(node: Any) -> Iterable[tuple[Any, Any]]:
     """A mapping's or an attribute object's items (a trainer config's ``conditions``)."""
     if isinstance(node, Mapping):

@@ -2,9 +2,14 @@
 
 Nothing else escapes the client: requests, urllib3, JSON and pydantic errors are translated into
 these classes at one boundary (``SandboxClient._exchange``) and chained with ``raise ... from``,
-so the original cause stays in the traceback. The tree says what a caller may safely do next::
+so the original cause stays in the traceback; a spec or a configuration the client refuses before
+sending anything is one of them too. The tree says what a caller may safely do next::
 
     TaskExecutorError                 anything went wrong talking to an executor
+    ├── InvalidSpec                   a spec the client refuses before sending (also a
+    │                                 ValueError): .field names it, .code is invalid_spec
+    ├── InvalidConfig                 the client's own configuration is unusable (bad URL,
+    │                                 routing; also a ValueError): .code is invalid_config
     ├── ExecutorUnreachable           the request provably never reached a server (connection
     │                                 refused, connect timeout, name resolution): safe to send
     │                                 anywhere else
@@ -23,7 +28,9 @@ into a ``TaskResult`` with status ``execution_error`` ("no verdict: resample"), 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+import pydantic
 
 __all__ = [
     "ConnectionLost",
@@ -31,10 +38,15 @@ __all__ = [
     "ExecutorRejected",
     "ExecutorTimeout",
     "ExecutorUnreachable",
+    "InvalidConfig",
+    "InvalidSpec",
     "ProtocolError",
     "ReplyLost",
     "TaskExecutorError",
+    "parse_spec",
 ]
+
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 
 class TaskExecutorError(Exception):
@@ -108,3 +120,45 @@ class ExecutorBusy(ExecutorRejected):
 
 class ProtocolError(TaskExecutorError):
     """An answer arrived but is not what protocol v1 says it must be."""
+
+
+class InvalidSpec(TaskExecutorError, ValueError):
+    """A request the client refuses to send: it does not validate against protocol v1. Nothing
+    reached an executor; sending it again unchanged fails the same way."""
+
+    code = "invalid_spec"
+
+    def __init__(self, message: str, *, field: str, model: str, problem: str = "") -> None:
+        super().__init__(message)
+        #: The first offending field, dotted (``fail_to_pass.0``; ``body`` for the whole).
+        self.field = field
+        #: What is wrong with it (pydantic's message).
+        self.problem = problem
+        #: The protocol model it was validated as (``TaskSpec``, ``SessionStartSpec`` ...).
+        self.model = model
+
+
+class InvalidConfig(TaskExecutorError, ValueError):
+    """The client's configuration is unusable (no URL, a URL that is not http(s), a routing
+    that does not exist); raised when a ``SandboxClient`` or ``ClientConfig`` is made."""
+
+    code = "invalid_config"
+
+
+def first_problem(exc: pydantic.ValidationError) -> tuple[str, str]:
+    """(dotted location, message) of the first error pydantic found."""
+    first = exc.errors()[0]
+    return ".".join(str(part) for part in first["loc"]) or "body", first["msg"]
+
+
+def parse_spec(model: type[M], value: Any) -> M:
+    """``value`` (a model or a mapping) validated as ``model``; ``InvalidSpec`` naming the field
+    otherwise, so a bad spec stays inside the tree reward code catches."""
+    try:
+        return model.model_validate(value)
+    except pydantic.ValidationError as exc:
+        where, problem = first_problem(exc)
+        raise InvalidSpec(
+            f"invalid {model.__name__}: {where}: {problem}",
+            field=where, model=model.__name__, problem=problem,
+        ) from exc

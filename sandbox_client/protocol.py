@@ -254,6 +254,13 @@ class GradingSpec(_Request):
         description="Run the tests without network (loopback only); null: the executor's "
         "default. A request for denial that the executor cannot honour is refused (400).",
     )
+    log_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="Bytes of test output the result's log keeps (its head and tail, the middle "
+        "marked as omitted); null: the executor's default tail of 64 KiB. More than the "
+        "executor's DOCKYARD_MAX_LOG_BYTES gets that much.",
+    )
 
 
 class TaskSpec(GradingSpec):
@@ -410,7 +417,11 @@ class TaskResult(_Response):
     )
     duration_s: float = Field(default=0.0, description="Total wall time of the grading.")
     phases: PhaseTimings = Field(default_factory=PhaseTimings, description="Phase timings.")
-    log: str = Field(default="", description="Tail of the setup and test output (capped).")
+    log: str = Field(
+        default="",
+        description="Setup and test output: its tail (64 KiB), or as many bytes as log_bytes "
+        "asked for.",
+    )
     error: str | None = Field(
         default=None, description="Why there is no verdict, or why the run gave none by itself."
     )

@@ -3,7 +3,8 @@
 Every call goes to the owning executor (a session lives in one executor's memory, so failing over
 would only find "no such session"). Only ``finish`` is sent again after a lost reply, with its
 own ``Idempotency-Key``, which the executor answers from its store; ``exec`` is never replayed.
-Sessions come from ``SandboxClient.start_session``.
+Sessions come from ``SandboxClient.start_session``, or from ``fork()`` of another session (on the
+same executor: the fork is made from its workspace).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .errors import (
     ProtocolError,
     ReplyLost,
     TaskExecutorError,
+    parse_spec,
 )
 from .protocol import (
     IDEMPOTENCY_HEADER,
@@ -32,8 +34,11 @@ from .protocol import (
     FileWriteResult,
     FinishResult,
     FinishSpec,
+    ForkRequest,
     SessionStartResult,
     SessionState,
+    SnapshotInfo,
+    SnapshotRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -96,7 +101,8 @@ class RemoteSession:
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run one command in the session's shell; never replayed after a lost reply."""
-        body = ExecRequest(command=command, timeout=timeout).model_dump(exclude_none=True)
+        request = parse_spec(ExecRequest, {"command": command, "timeout": timeout})
+        body = request.model_dump(exclude_none=True)
         read = self.client.config.run_read_timeout(timeout or self._command_timeout)
         return self._call("POST", "/exec", ExecResult, read, json=body)
 
@@ -139,7 +145,7 @@ class RemoteSession:
         The call carries an ``Idempotency-Key`` of its own: after a lost reply it is sent again
         with it, and the executor answers the verdict it made (or still makes) for it.
         """
-        finish = spec if spec is not None else FinishSpec.model_validate(fields)
+        finish = parse_spec(FinishSpec, spec if spec is not None else fields)
         finish = self.client.config.with_task_timeout(finish)
         read = self.client.config.run_read_timeout(finish.timeout)
         body = finish.model_dump(mode="json", exclude_none=True)
@@ -169,6 +175,23 @@ class RemoteSession:
             result.result.duration_s,
         )
         return result
+
+    def snapshot(self, name: str | None = None) -> SnapshotInfo:
+        """Keep a named read-only capture of the workspace (default name ``snap-N``) to
+        ``fork`` from later; the session goes on unchanged."""
+        body = parse_spec(SnapshotRequest, {"name": name}).model_dump(exclude_none=True)
+        read = self.client.config.run_read_timeout(None)  # a copy of the tree, in some modes
+        return self._call("POST", "/snapshot", SnapshotInfo, read, json=body)
+
+    def fork(self, snapshot: str | None = None) -> RemoteSession:
+        """A new session on the same executor from this one's current tree (or a snapshot
+        taken with ``snapshot()``), with its cwd and exported environment; this one is not
+        touched. Close the fork like any session."""
+        body = parse_spec(ForkRequest, {"snapshot": snapshot}).model_dump(exclude_none=True)
+        read = self.client.config.run_read_timeout(None)
+        started = self._call("POST", "/fork", SessionStartResult, read, json=body)
+        log.info("session %s: forked from %s on %s", started.session_id, self.session_id, self.url)
+        return RemoteSession(self.client, self.url, started, command_timeout=self._command_timeout)
 
     def close(self) -> None:
         """Close without grading (``DELETE``). Idempotent; a no-op after ``finish``."""

@@ -25,6 +25,8 @@ class Settings:
     task_timeout: float = 1800.0
     max_body_bytes: int = 32 * 1024 * 1024
     log_tail_bytes: int = 64 * 1024
+    max_log_bytes: int = 16 * 1024**2
+    """Most test output one result's log carries when a request asks (``log_bytes``)."""
     result_ttl: float = 3600.0
     # Sessions (multi-turn).
     max_sessions: int = 64
@@ -87,6 +89,8 @@ class Settings:
             problems.append(f"port {self.port} is out of range")
         if self.threads < 1:
             problems.append("threads must be at least 1")
+        if self.max_log_bytes < 1024:
+            problems.append("max_log_bytes must be at least 1024")
         for name in ("task_timeout", "command_timeout", "session_idle_timeout", "result_ttl"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
@@ -144,6 +148,7 @@ _ENV = {
     "DOCKYARD_TASK_EXECUTOR_THREADS": ("threads", int),
     "TASK_TIMEOUT": ("task_timeout", float),
     "DOCKYARD_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "DOCKYARD_MAX_LOG_BYTES": ("max_log_bytes", int),
     "DOCKYARD_RESULT_TTL": ("result_ttl", float),
     "DOCKYARD_MAX_TASKS": ("max_concurrent_tasks", int),
     "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),

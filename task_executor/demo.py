@@ -2,15 +2,23 @@
 
 ``python -m task_executor.demo DIR`` builds the repository under DIR and writes two request bodies
 there, ``gold.json`` (the reference fix: resolved) and ``empty.json`` (no patch: unresolved), ready
-for ``curl --data @DIR/gold.json``. The test-suite builds its fixture repositories with the same
-functions.
+for ``curl --data @DIR/gold.json``. Their ``setup`` builds the task's own test environment, as a
+real task's does: a venv inside the tree with pytest installed from the package index (setup may
+reach the network; it runs once per template), so the demo needs nothing of the machine's
+``python3`` but the interpreter itself. ``--image-python`` leaves setup out and runs the tests with
+the image's ``python3`` and its pytest, as the benchmarks and the test-suite's tasks do.
+``python -m task_executor.demo summary [EXPECTED] < result.json`` prints one line about a verdict
+and exits 1 (showing ``error`` / ``error_code`` and the log's tail) when it is not ``EXPECTED``.
+
+The test-suite builds its fixture repositories with the same functions.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from task_executor.workspaces.gitcmd import git
@@ -49,6 +57,17 @@ FAIL_TO_PASS = [
 ]
 PASS_TO_PASS = ["tests/test_calc.py::test_mul", "tests/test_calc.py::test_add_many[0-0-0]"]
 
+# The demo task's own test environment, made by its setup as a real task's is: the executor's venv
+# is invisible to code under test, and the machine's python3 need not have pytest.
+VENV_SETUP = ["python3 -m venv .venv", ".venv/bin/python -m pip install -q pytest"]
+VENV_TEST_COMMAND = ".venv/bin/python -m pytest -p no:cacheprovider tests/test_calc.py"
+# How the shell that runs the demo reaches the package index, passed on to setup (whose
+# environment is built from scratch): a mirror, a proxy or a certificate bundle.
+INDEX_VARIABLES = (
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CERT",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+)
+
 
 @dataclass(frozen=True)
 class DemoTask:
@@ -58,9 +77,12 @@ class DemoTask:
     test_patch: str
     fail_to_pass: list[str]
     pass_to_pass: list[str]
+    setup: list[str] = field(default_factory=list)
+    test_command: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def request(self, task_id: str, patch: str) -> dict[str, object]:
-        return {
+        body: dict[str, object] = {
             "task_id": task_id,
             "repo": self.repo,
             "base_commit": self.base_commit,
@@ -69,6 +91,15 @@ class DemoTask:
             "fail_to_pass": self.fail_to_pass,
             "pass_to_pass": self.pass_to_pass,
         }
+        optional = {"setup": self.setup, "test_command": self.test_command, "env": self.env}
+        body.update({name: value for name, value in optional.items() if value})
+        return body
+
+    def with_own_venv(self, environ: dict[str, str] | None = None) -> DemoTask:
+        """This task with its test environment built by setup (``VENV_SETUP``)."""
+        environ = dict(os.environ) if environ is None else environ
+        index = {name: environ[name] for name in INDEX_VARIABLES if environ.get(name)}
+        return replace(self, setup=list(VENV_SETUP), test_command=VENV_TEST_COMMAND, env=index)
 
 
 def write_files(root: Path, files: dict[str, str | bytes]) -> None:
@@ -126,16 +157,54 @@ def summarize(result: dict) -> str:
     )
 
 
+def unexpected(result: dict, expected: str) -> str | None:
+    """Why ``result`` is not a verdict of status ``expected`` (None when it is)."""
+    if "error" in result and isinstance(result["error"], dict):
+        return f"the executor refused the request: {summarize(result)}"
+    if result.get("status") == expected:
+        return None
+    tail = "\n".join(str(result.get("log") or "").splitlines()[-15:])
+    return (
+        f"expected status={expected}, got status={result.get('status')} "
+        f"error_code={result.get('error_code')}\nerror: {result.get('error')}"
+        + (f"\nlog tail:\n{tail}" if tail else "")
+    )
+
+
+USAGE = (
+    "usage: python -m task_executor.demo [--image-python] DIR\n"
+    "       python -m task_executor.demo summary [EXPECTED_STATUS] < result.json"
+)
+
+
+def _summary(expected: str | None) -> int:
+    text = sys.stdin.read()
+    try:
+        result = json.loads(text)
+    except json.JSONDecodeError:
+        print(f"not a JSON answer: {text[:500]!r}", file=sys.stderr)
+        return 1
+    print(summarize(result))
+    problem = unexpected(result, expected) if expected else None
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["summary"]:
-        print(summarize(json.load(sys.stdin)))
-        return 0
-    if len(args) != 1:
-        print("usage: python -m task_executor.demo DIR | summary < result.json", file=sys.stderr)
+    if args[:1] == ["summary"] and len(args) <= 2:
+        return _summary(args[1] if len(args) == 2 else None)
+    image_python = "--image-python" in args
+    args = [arg for arg in args if arg != "--image-python"]
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
         return 2
     root = Path(args[0]).resolve()
     task = make_demo_task(root / "repo")
+    if not image_python:
+        task = task.with_own_venv()
     (root / "gold.json").write_text(json.dumps(task.request("demo-gold", task.gold_patch)))
     (root / "empty.json").write_text(json.dumps(task.request("demo-empty", "")))
     print(root)

@@ -6,18 +6,27 @@ line a trainer needs, and then supervises: Ctrl-C, SIGTERM or SIGHUP stops them 
 the death of any one (a fleet silently short of a worker would skew the round-robin). Stopping
 signals each executor's process group and every process descended from it, waits, then kills what
 is left: no orphans.
+
+The base directory defaults to one that stays: ``$XDG_CACHE_HOME/dockyard/fleet`` (else
+``~/.cache/dockyard/fleet``), so templates and mirrors survive from one run to the next and
+nothing is left in a temporary directory. Run as root with a home the sandbox uid cannot pass
+through (``/root`` is 0700, and bubblewrap resolves its binds as that uid: the sandbox would be
+lost), it is ``/var/cache/dockyard/fleet``. Ports that are taken are refused before anything
+starts, in one line (exit 2).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -27,6 +36,51 @@ from ..client import SandboxClient
 from ..errors import TaskExecutorError
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
+_IN_USE = "Address already in use"
+ROOT_CACHE = Path("/var/cache/dockyard/fleet")
+
+
+def default_base_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """Where a fleet keeps its executors' directories between runs (see the module doc)."""
+    environ = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".cache"
+    )
+    chosen = Path(cache) / "dockyard" / "fleet"
+    if euid == 0 and not _passable(chosen):
+        return ROOT_CACHE
+    return chosen
+
+
+def _passable(path: Path) -> bool:
+    """Every existing directory above ``path`` lets others through (o+x)."""
+    for directory in path.parents:
+        try:
+            if not directory.stat().st_mode & 0o001:
+                return False
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def taken_ports(host: str, ports: list[int]) -> list[int]:
+    """The ports of ``ports`` something already listens on at ``host``."""
+    taken = []
+    for port in ports:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As waitress binds: SO_REUSEADDR, so a port in TIME_WAIT is not "taken".
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                taken.append(port)
+    return taken
 
 
 @dataclass
@@ -69,7 +123,8 @@ def start_worker(
     env = dict(os.environ)
     if token:
         env["API_TOKEN"] = token  # not on the command line, where `ps` would show it
-    with open(log_path, "ab") as log_file:
+    # A fresh log per run: the base dir stays between runs, and the URL is read from this log.
+    with open(log_path, "wb") as log_file:
         # Own session: a terminal's Ctrl-C reaches only us, and we stop the workers in order.
         process = subprocess.Popen(
             command,
@@ -196,7 +251,22 @@ def fleet_up(
 ) -> int:
     """Run ``workers`` executors until a signal (or ``stop_event``); returns the exit status."""
     out, err = out or sys.stdout, err or sys.stderr
-    base_dir = base_dir or Path(tempfile.mkdtemp(prefix="dockyard-fleet-"))
+    base_dir = base_dir or default_base_dir()
+    if base_port != 0:
+        ports = [base_port + index for index in range(workers)]
+        try:
+            taken = taken_ports(host, ports)
+        except OSError as exc:
+            print(f"dockyard fleet: cannot bind {host}: {exc.strerror or exc}", file=err)
+            return 2
+        if taken:
+            print(
+                f"dockyard fleet: port{'s' if len(taken) > 1 else ''} "
+                f"{', '.join(map(str, taken))} on {host} already in use (another fleet or "
+                "executor?); stop it, or pick --base-port (0: any free ports)",
+                file=err,
+            )
+            return 2
     stop = stop_event or threading.Event()
     previous = _install_stop_handlers(stop)
     started: list[Worker] = []
@@ -217,6 +287,10 @@ def fleet_up(
                 print(f"dockyard fleet: {exc}; see the logs in {base_dir}", file=err)
                 return 1
         if dead is not None:
+            if _IN_USE in dead.log_tail(200):  # taken between our check and its bind
+                print(f"dockyard fleet: executor {dead.index}'s port is already in use "
+                      f"(see {dead.log_path}); pick --base-port", file=err)
+                return 2
             print(
                 f"dockyard fleet: executor {dead.index} exited with status "
                 f"{dead.process.returncode}:\n{dead.log_tail()}",

@@ -3,12 +3,15 @@
 Empty patches are not sent (SWE-bench counts them as ``empty_patch``). An ``execution_error`` is
 no verdict, so the task is sent again (the round-robin moves it to another executor) up to
 ``max_error_retries`` times; what still has no verdict is reported under ``error_ids`` and graded
-again by the next run with the same report file.
+again by the next run with the same report file. The first instance of each repository goes
+first (``fleetcheck``): when none of those gets a verdict for a fleet-wide reason, the run stops.
+Each graded instance gets its log directory (``logdir``) when ``logs`` is given.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
@@ -17,6 +20,8 @@ from ..client import SandboxClient
 from ..errors import ExecutorBusy, ExecutorRejected, TaskExecutorError
 from ..protocol import TaskResult, TaskSpec, task_is_broken
 from ..reward import error_result
+from .fleetcheck import judge_scouts, scouts
+from .logdir import InstanceLogs
 from .progress import Progress
 from .report import CATEGORIES, GradeReport, instance_entry
 from .swebench import Prediction, RepoMapper, task_spec
@@ -82,22 +87,33 @@ def grade_predictions(
     max_error_retries: int = 2,
     timeout: float | None = None,
     progress: Progress | None = None,
+    logs: InstanceLogs | None = None,
+    log_bytes: int | None = None,
+    before_sending: Callable[[], None] | None = None,
     rules: str = "strict",
 ) -> GradeReport:
-    """Grade every prediction the report does not already hold a verdict for (by ``rules``)."""
+    """Grade every prediction the report does not already hold a verdict for (by ``rules``);
+    raises ``fleetcheck.FleetUnusable`` when the first grading of every repository says the run
+    cannot work. ``before_sending`` runs once the input is known good and something is to be
+    sent (the fleet check)."""
     todo = [p for p in predictions.values() if not report.is_done(p, rules)]
     skipped = len(predictions) - len(todo)
     if skipped:
-        log.info("resuming: %d of %d instances already graded", skipped, len(predictions))
+        print(f"resuming: {skipped} of {len(predictions)} instances already graded",
+              file=sys.stderr, flush=True)
     # Build every spec before sending anything: bad input fails the run now, not at item 900.
     specs = {
         p.instance_id: task_spec(
-            instances[p.instance_id], p.model_patch, repos, timeout=timeout, rules=rules
+            instances[p.instance_id], p.model_patch, repos, timeout=timeout, rules=rules,
+            log_bytes=log_bytes,
         )
         for p in todo
         if not p.is_empty
     }
+    if specs and before_sending is not None:
+        before_sending()
     progress = progress or Progress(len(todo), CATEGORIES)
+    entries: dict[str, dict[str, Any]] = {}
 
     def grade_one(prediction: Prediction) -> None:
         if prediction.is_empty:
@@ -107,12 +123,19 @@ def grade_predictions(
                 client, specs[prediction.instance_id], max_error_retries
             )
             entry = instance_entry(prediction, result, attempts)
+            if logs is not None:
+                logs.write(prediction, entry, result)
         report.record(prediction.instance_id, entry)
+        entries[prediction.instance_id] = entry
         progress.advance(entry["category"])
 
     report.save()
+    first = scouts([p for p in todo if not p.is_empty], instances)
+    rest = [p for p in todo if p not in first]
     try:
-        run_parallel(grade_one, todo, workers)
+        run_parallel(grade_one, first, workers)
+        judge_scouts([entries[p.instance_id] for p in first])
+        run_parallel(grade_one, rest, workers)
     finally:
         progress.finish()
     return report

@@ -1,29 +1,49 @@
 """The ``dockyard`` command: grade SWE-bench predictions, preflight instances, run a local fleet.
 
 Exit status: 0 all done with a verdict for everything; 1 done, but some instances ended without a
-verdict (grade), were flagged or errored (preflight), or the fleet failed; 2 bad usage or input
-files; 130 interrupted. Executor URLs and token come from ``--urls`` / ``--token``, else
-``DOCKYARD_SANDBOX_URLS`` / ``DOCKYARD_API_TOKEN``, else ``http://127.0.0.1:9090``.
+verdict (grade), were flagged or errored (preflight), or the fleet failed; 2 bad usage, input
+files, or a fleet that cannot grade (no executor reachable, the token refused, every repository
+unknown); 130 interrupted (a second Ctrl-C abandons the tasks in flight at once, quietly).
+Executor URLs and token come from ``--urls`` / ``--token``, else ``DOCKYARD_SANDBOX_URLS`` /
+``DOCKYARD_API_TOKEN``, else ``http://127.0.0.1:9090``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from ..client import SandboxClient
 from ..config import resolve_config
+from ..version import dockyard_version
 from .fleet import fleet_reap, fleet_up
+from .fleetcheck import FleetUnusable, check_fleet
 from .grade import grade_predictions
+from .logdir import InstanceLogs
 from .preflight import VERDICTS, run_preflight
 from .report import GradeReport, write_json_atomic
-from .swebench import InputError, RepoMapper, load_instances, load_predictions
+from .specs import RepoSpecs
+from .swebench import (
+    GOLD,
+    InputError,
+    RepoMapper,
+    gold_predictions,
+    load_instances,
+    load_predictions,
+    select_instances,
+)
 
 DEFAULT_REPORT = "dockyard_report.json"
 WORKERS_PER_EXECUTOR = 4
+FULL_LOG_BYTES = 16 * 1024**2
+"""What ``dockyard grade`` asks each result's log to hold (the executors' default cap)."""
 
 
 def _add_grading_options(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +85,16 @@ def _add_grading_options(parser: argparse.ArgumentParser) -> None:
         "'https://github.com/{repo}.git'",
     )
     parser.add_argument(
+        "--instance-ids", nargs="+", metavar="ID", help="only these instances (default: all)"
+    )
+    parser.add_argument(
+        "--specs",
+        type=Path,
+        metavar="FILE",
+        help="setup, test_command, log_parser, env per repository and version (JSON; the "
+        "instances' own fields win)",
+    )
+    parser.add_argument(
         "--rules",
         choices=("strict", "swebench"),
         default="strict",
@@ -77,6 +107,7 @@ def _add_grading_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dockyard", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"dockyard {dockyard_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     grade = commands.add_parser("grade", help="grade SWE-bench predictions into a report")
@@ -84,14 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--predictions",
         required=True,
-        type=Path,
-        help="predictions (instance_id, model_patch, model_name_or_path)",
+        help="predictions file (instance_id, model_patch, model_name_or_path), or 'gold': "
+        "each instance's own patch",
     )
     grade.add_argument(
         "--output",
         type=Path,
         default=Path(DEFAULT_REPORT),
         help=f"report file; rerunning with it resumes (default {DEFAULT_REPORT})",
+    )
+    grade.add_argument(
+        "--run-id", help="names the log directory's run (default: the report's file name stem)"
+    )
+    grade.add_argument(
+        "--log-dir",
+        type=Path,
+        help="per-instance logs in LOG_DIR/RUN_ID/MODEL/INSTANCE_ID/ (default: logs/ beside "
+        "the report)",
     )
 
     preflight = commands.add_parser(
@@ -120,7 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of the first executor, the next get +1 ... (0: any free ports)",
     )
     up.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    up.add_argument("--base-dir", type=Path, help="working dirs and logs (default: a temp dir)")
+    up.add_argument(
+        "--base-dir",
+        type=Path,
+        help="working dirs and logs, kept between runs (default: $XDG_CACHE_HOME/dockyard/fleet, "
+        "else ~/.cache/dockyard/fleet; /var/cache/dockyard/fleet for root with a closed home)",
+    )
     up.add_argument("--token", help="bearer token the executors require")
     up.add_argument("--threads", type=int, help="threads per executor")
     up.add_argument("--startup-timeout", type=float, default=60.0)
@@ -130,8 +175,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _abandon(signum: int, frame: FrameType | None) -> None:
+    """The second Ctrl-C: leave now, without waiting for the tasks in flight (the report on disk
+    is whole: it is replaced atomically) and without a traceback from the threads."""
+    sys.stderr.write("dockyard: abandoned the tasks in flight\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """The first Ctrl-C: as Python's own (KeyboardInterrupt), and from now on the next one
+    abandons (it may come while the tasks in flight are still being waited for, even after
+    ``main`` returned and the interpreter joins the worker threads)."""
+    signal.signal(signal.SIGINT, _abandon)
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return _run(args)
+    finally:
+        # Not interrupted: as before. Interrupted: _abandon stays for the threads' join.
+        if previous is not None and signal.getsignal(signal.SIGINT) is _interrupt:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -152,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "grade":
             return _grade(args)
         return _preflight(args)
-    except InputError as exc:
+    except (InputError, FleetUnusable) as exc:
         print(f"dockyard {args.command}: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # bad URLs and similar configuration errors
@@ -163,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"\ndockyard {args.command}: interrupted; tasks in flight finish and are saved "
             "(Ctrl-C again to abandon them)",
             file=sys.stderr,
+            flush=True,
         )
         return 130
 
@@ -178,38 +252,78 @@ def _client(args: argparse.Namespace) -> tuple[SandboxClient, int]:
     return SandboxClient(config=config), workers
 
 
+def _instances(args: argparse.Namespace) -> dict[str, dict]:
+    """The instances to work on: loaded, narrowed to --instance-ids, filled from --specs."""
+    instances = select_instances(load_instances(args.instances), args.instance_ids)
+    specs = RepoSpecs.load(args.specs)
+    return {iid: specs.fill(instance) for iid, instance in instances.items()}
+
+
 def _grade(args: argparse.Namespace) -> int:
-    instances = load_instances(args.instances)
-    predictions = load_predictions(args.predictions, instances)
+    instances = _instances(args)
+    if args.predictions == GOLD:
+        predictions = gold_predictions(instances)
+    else:
+        everything = load_instances(args.instances)  # predictions may name any instance
+        loaded = load_predictions(Path(args.predictions), everything)
+        predictions = {iid: p for iid, p in loaded.items() if iid in instances}
+        if not predictions:
+            raise InputError(f"{args.predictions}: no predictions for the selected instances")
     repos = RepoMapper(args.repo_root, args.repo_url_template)
+    run_id = args.run_id or args.output.stem
+    log_dir = args.log_dir if args.log_dir is not None else args.output.parent / "logs"
     client, workers = _client(args)
     with client:
-        report = GradeReport(args.output, len(instances), predictions, client.urls)
-        grade_predictions(
-            client,
-            instances,
-            predictions,
-            report,
-            repos=repos,
-            workers=workers,
-            max_error_retries=args.max_error_retries,
-            timeout=args.timeout,
-            rules=args.rules,
-        )
+        report = GradeReport(args.output, instances, predictions, client.urls,
+                             run={"run_id": run_id, "log_dir": str(log_dir)})
+
+        sent: list[bool] = []  # the fleet check passed: tasks go out, errors are this run's
+
+        def check() -> None:
+            for warning in check_fleet(client):
+                print(f"dockyard grade: {warning}", file=sys.stderr)
+            sent.append(True)
+
+        try:
+            grade_predictions(
+                client,
+                instances,
+                predictions,
+                report,
+                repos=repos,
+                workers=workers,
+                max_error_retries=args.max_error_retries,
+                timeout=args.timeout,
+                logs=InstanceLogs(log_dir, run_id),
+                log_bytes=FULL_LOG_BYTES,
+                before_sending=check,
+                rules=args.rules,
+            )
+        finally:
+            if sent:
+                _print_errors(report)
     s = report.summary()
     share = 100.0 * s["resolved_instances"] / max(1, s["submitted_instances"])
     print(
         f"resolved {s['resolved_instances']}/{s['submitted_instances']} ({share:.1f}%), "
         f"unresolved {s['unresolved_instances']}, empty patch {s['empty_patch_instances']}, "
-        f"error {s['error_instances']} -> {args.output}"
+        f"error {s['error_instances']} -> {args.output} (logs: {log_dir / run_id})"
     )
-    return 1 if s["error_instances"] or s["incomplete_ids"] else 0
+    return 1 if s["error_instances"] else 0
+
+
+def _print_errors(report: GradeReport) -> None:
+    """One line per reason the run's errors had, with an example, on stderr."""
+    for code, count in sorted(report.error_reasons().items(), key=lambda kv: -kv[1]):
+        iid, error = report.example_error(code)
+        example = f" (e.g. {iid}: {error.splitlines()[0][:200]})" if error else ""
+        print(f"error {code}: {count}{example}", file=sys.stderr)
 
 
 def _preflight(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise InputError("--repeat must be at least 1")
-    instances = load_instances(args.instances)
+    instances = _instances(args)
     repos = RepoMapper(args.repo_root, args.repo_url_template)
     client, workers = _client(args)
     with client:

@@ -9,18 +9,21 @@ Layout (one JSON object)::
       "error_instances": ...,
       "completed_ids": [...], "incomplete_ids": [...], "submitted_ids": [...],
       "resolved_ids": [...], "unresolved_ids": [...], "empty_patch_ids": [...], "error_ids": [...],
-      "run": {"executors": [...], "updated_at": ...},
+      "ungraded_ids": [...], "error_reasons": {"<error_code>": n, ...},
+      "run": {"executors": [...], "run_id": ..., "log_dir": ..., "updated_at": ...},
       "instances": {"<instance_id>": {patch_exists, patch_successfully_applied, resolved,
                                       tests_status: {FAIL_TO_PASS: {success, failure},
                                                      PASS_TO_PASS: {success, failure}},
                                       status, error, attempts, duration_s, ...}}
     }
 
-"completed" means a verdict (resolved or unresolved, as in SWE-bench); ``timeout`` and
-``patch_apply_failed`` are unresolved (under ``--rules swebench``: errors, where the harness puts
-them). ``error`` means no verdict after every retry. A rerun with the same report file skips
-instances that have a verdict for the same patch under the same rules, so a killed run loses at
-most the instances that were in flight.
+As in SWE-bench's run report: ``incomplete_ids`` are the instances without a prediction,
+"completed" means a verdict (resolved or unresolved; ``timeout`` and ``patch_apply_failed`` are
+unresolved; under ``--rules swebench``: errors, where the harness puts them), and ``error`` means a
+prediction with no verdict: graded without one after every retry, or not graded (yet:
+``ungraded_ids``, Dockyard's, lists those). A rerun with the same report file skips instances that
+have a verdict for the same patch under the same rules, so a killed run loses at most the
+instances that were in flight.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -107,19 +111,23 @@ def _tests_status(f2p_ok: list, f2p_bad: list, p2p_ok: list, p2p_bad: list) -> d
 
 
 class GradeReport:
-    """Per-instance entries plus run totals; thread-safe; saved on every ``record``."""
+    """Per-instance entries plus run totals; thread-safe; saved on every ``record``. ``run``
+    (run_id, log_dir ...) is kept under the report's ``run``."""
 
     def __init__(
         self,
         path: Path | None,
-        total_instances: int,
+        instance_ids: Iterable[str],
         submitted_ids: Iterable[str],
         executors: Iterable[str] = (),
+        run: dict[str, Any] | None = None,
     ) -> None:
         self.path = path
-        self.total_instances = total_instances
+        self.instance_ids = sorted(instance_ids)
+        self.total_instances = len(self.instance_ids)
         self.submitted_ids = sorted(submitted_ids)
         self.executors = list(executors)
+        self.run = dict(run or {})
         self.instances: dict[str, dict] = {}
         self._lock = threading.Lock()
         if path is not None and path.exists():
@@ -155,7 +163,9 @@ class GradeReport:
         """Run totals and id lists, as SWE-bench's run report names them."""
         by = {category: self.ids(category) for category in CATEGORIES}
         completed = sorted(by["resolved"] + by["unresolved"])
-        done = set(completed) | set(by["empty_patch"]) | set(by["error"])
+        submitted = set(self.submitted_ids)
+        ungraded = [i for i in self.submitted_ids if i not in self.instances]
+        errors = sorted(by["error"] + ungraded)
         return {
             "schema_version": SCHEMA_VERSION,
             "total_instances": self.total_instances,
@@ -164,18 +174,42 @@ class GradeReport:
             "resolved_instances": len(by["resolved"]),
             "unresolved_instances": len(by["unresolved"]),
             "empty_patch_instances": len(by["empty_patch"]),
-            "error_instances": len(by["error"]),
+            "error_instances": len(errors),
             "completed_ids": completed,
-            "incomplete_ids": [i for i in self.submitted_ids if i not in done],
+            "incomplete_ids": [i for i in self.instance_ids if i not in submitted],
             "submitted_ids": self.submitted_ids,
             "resolved_ids": by["resolved"],
             "unresolved_ids": by["unresolved"],
             "empty_patch_ids": by["empty_patch"],
-            "error_ids": by["error"],
+            "error_ids": errors,
+            "ungraded_ids": ungraded,
+            "error_reasons": dict(sorted(self.error_reasons().items())),
         }
 
+    def error_reasons(self) -> Counter[str]:
+        """How many instances ended without a verdict, by error code (``not_graded`` for those
+        the run never reached)."""
+        reasons = Counter(
+            str(e.get("error_code") or "unknown")
+            for e in self.instances.values()
+            if e.get("category") == "error"
+        )
+        reasons["not_graded"] += sum(i not in self.instances for i in self.submitted_ids)
+        return +reasons
+
+    def example_error(self, code: str) -> tuple[str, str]:
+        """(instance id, error) of the first instance that ended with ``code``."""
+        for iid, entry in sorted(self.instances.items()):
+            if entry.get("category") == "error" and str(entry.get("error_code")) == code:
+                return iid, str(entry.get("error") or "")
+        return "", ""
+
     def to_json(self) -> dict[str, Any]:
-        run = {"executors": self.executors, "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        run = {
+            "executors": self.executors,
+            **self.run,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         return {**self.summary(), "run": run, "instances": dict(sorted(self.instances.items()))}
 
     def _save(self) -> None:

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
+from ..errors import InvalidSpec, parse_spec
 from ..protocol import TaskSpec
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@|file:)", re.IGNORECASE)
@@ -129,6 +128,32 @@ def load_predictions(path: Path, instances: Mapping[str, Any]) -> dict[str, Pred
     return predictions
 
 
+GOLD = "gold"
+"""``--predictions gold``: each instance's own reference ``patch``, as the harness's gold run."""
+
+
+def gold_predictions(instances: Mapping[str, Mapping[str, Any]]) -> dict[str, Prediction]:
+    """A prediction per instance from its ``patch`` field, model ``gold``."""
+    missing = sorted(iid for iid, inst in instances.items() if not inst.get("patch"))
+    if missing:
+        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise InputError(f"--predictions gold: {len(missing)} instances have no patch: {shown}")
+    return {iid: Prediction(iid, str(inst["patch"]), GOLD) for iid, inst in instances.items()}
+
+
+def select_instances(
+    instances: dict[str, dict[str, Any]], ids: list[str] | None
+) -> dict[str, dict[str, Any]]:
+    """Only the instances named by ``--instance-ids`` (all without it); an unknown id is an
+    input error."""
+    if not ids:
+        return instances
+    unknown = sorted(set(ids) - set(instances))
+    if unknown:
+        raise InputError(f"--instance-ids: no such instance: {', '.join(unknown[:10])}")
+    return {iid: instances[iid] for iid in dict.fromkeys(ids)}
+
+
 @dataclass(frozen=True)
 class RepoMapper:
     """Maps an instance's ``repo`` to something an executor can clone."""
@@ -160,6 +185,7 @@ def task_spec(
     *,
     task_id: str | None = None,
     timeout: float | None = None,
+    log_bytes: int | None = None,
     rules: str | None = None,
 ) -> TaskSpec:
     """The TaskSpec that grades ``patch`` on ``instance``."""
@@ -183,12 +209,12 @@ def task_spec(
     wall_clock = instance.get("timeout") or timeout
     if wall_clock:
         body["timeout"] = wall_clock
+    if log_bytes:
+        body["log_bytes"] = log_bytes
     try:
-        return TaskSpec.model_validate(body)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"instance {iid}: {where}: {first['msg']}") from None
+        return parse_spec(TaskSpec, body)
+    except InvalidSpec as exc:
+        raise InputError(f"instance {iid}: {exc.field}: {exc.problem}") from None
 
 
 def _first(record: Mapping[str, Any], *keys: str) -> Any:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..version import dockyard_version
 from .config import ProvisionerSettings
 from .errors import ProvisionerError, ReadinessTimeout
 from .manifests import kustomize_files, render_yaml
@@ -36,6 +37,8 @@ def _api_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dockyard-provision", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"dockyard-provision {dockyard_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     prov = sub.add_parser("provision", help="create executor pods and hold them until signalled")

@@ -95,7 +95,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="dockyard-ab-"))
     executors: list[Executor] = []
     try:
-        subprocess.run([sys.executable, "-m", "task_executor.demo", str(workdir / "demo")],
+        subprocess.run([sys.executable, "-m", "task_executor.demo", "--image-python",
+                        str(workdir / "demo")],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         gold = json.loads((workdir / "demo" / "gold.json").read_text())
         repo = {"repo": gold["repo"], "base_commit": gold["base_commit"]}

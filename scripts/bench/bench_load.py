@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dockyard-load-") as tmp:
         base = Path(tmp)
         subprocess.run(
-            [sys.executable, "-m", "task_executor.demo", str(base / "demo")],
+            [sys.executable, "-m", "task_executor.demo", "--image-python", str(base / "demo")],
             cwd=ROOT,
             check=True,
             capture_output=True,

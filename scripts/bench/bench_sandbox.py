@@ -594,7 +594,8 @@ def main() -> int:
         worktree = workdir / "before-src"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
                         str(worktree), args.before], check=True)
-        subprocess.run([sys.executable, "-m", "task_executor.demo", str(workdir / "demo")],
+        subprocess.run([sys.executable, "-m", "task_executor.demo", "--image-python",
+                        str(workdir / "demo")],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
         gold = json.loads((workdir / "demo" / "gold.json").read_text())
         repo = {"repo": gold["repo"], "base_commit": gold["base_commit"]}

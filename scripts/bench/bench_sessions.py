@@ -393,7 +393,8 @@ def main() -> int:
     res: dict[str, Any] = {"calls": args.calls, "cpus": os.cpu_count(), "start": {},
                            "load_before": [round(x, 2) for x in os.getloadavg()]}
     try:
-        subprocess.run([sys.executable, "-m", "task_executor.demo", str(workdir / "demo")],
+        subprocess.run([sys.executable, "-m", "task_executor.demo", "--image-python",
+                        str(workdir / "demo")],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         gold = json.loads((workdir / "demo" / "gold.json").read_text())
         repo, commit = gold["repo"], gold["base_commit"]

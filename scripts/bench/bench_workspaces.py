@@ -646,7 +646,8 @@ def main() -> int:
                 res["sessions"][repo.name] = bench_sessions(repo, executors, args.repeat,
                                                             args.budget)
             print("grading the demo task ...", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "task_executor.demo", str(workdir / "demo")],
+            subprocess.run([sys.executable, "-m", "task_executor.demo", "--image-python",
+                            str(workdir / "demo")],
                            cwd=ROOT, check=True, stdout=subprocess.DEVNULL, timeout=120)
             task = json.loads((workdir / "demo" / "gold.json").read_text())
             task["env"] = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

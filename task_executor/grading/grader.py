@@ -239,7 +239,7 @@ class Grader:
                 **{name: round(seconds, 4) for name, seconds in phases.model_dump().items()}
             )
             result.duration_s = round(time.monotonic() - started, 4)
-            result.log = "".join(log_parts)[-self.settings.log_tail_bytes :]
+            result.log = "".join(log_parts)[-self._log_limits(job)[2] :]
             log.info(
                 "task %s status=%s duration=%.2fs", job.task_id, result.status, result.duration_s
             )
@@ -325,6 +325,15 @@ class Grader:
         finally:
             workspace.destroy()
 
+    def _log_limits(self, job: GradingJob) -> tuple[int, int, int]:
+        """(head, tail) of the test output kept, and the log's own cap: the default tail, or
+        what ``log_bytes`` asks, up to ``max_log_bytes``, plus room for setup's and apply's."""
+        wanted = job.spec.log_bytes
+        if wanted is None:
+            return 16 * 1024, 48 * 1024, self.settings.log_tail_bytes
+        kept = min(wanted, self.settings.max_log_bytes)
+        return kept // 4, kept - kept // 4, kept + self.settings.log_tail_bytes
+
     def _run_tests(
         self,
         job: GradingJob,
@@ -351,12 +360,15 @@ class Grader:
             test_env["DOCKYARD_REPORT_MODE"] = "pytest"
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
+        head, tail, _ = self._log_limits(job)
         outcome = run_command(
             command,
             cwd=str(workspace.path),
             env=test_env,
             timeout=remaining,
             launcher=workspace.launcher(deny_network),
+            head=head,
+            tail=tail,
         )
         log_parts.append(f"$ {command}\n{outcome.output}")
         if outcome.timed_out:

@@ -121,14 +121,16 @@ class RawServer:
             conn.close()
 
 
-def _read_request(conn: socket.socket) -> None:
-    """Read until the end of the headers (bodies in these tests are small and come along)."""
+def read_request(conn: socket.socket) -> bytes:
+    """Read until the end of the headers (bodies in these tests are small and come along);
+    what was read, or b"" when the peer closed first."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
-            return
+            return b""
         data += chunk
+    return data
 
 
 @pytest.fixture
@@ -136,7 +138,7 @@ def silent_server() -> Iterator[RawServer]:
     """Accepts and reads requests, never answers: every read times out."""
 
     def handler(conn: socket.socket) -> None:
-        _read_request(conn)
+        read_request(conn)
 
     server = RawServer(handler)
     yield server
@@ -149,7 +151,7 @@ def hangup_server() -> Iterator[RawServer]:
     mid-call)."""
 
     def handler(conn: socket.socket) -> None:
-        _read_request(conn)
+        read_request(conn)
         conn.close()
 
     server = RawServer(handler)

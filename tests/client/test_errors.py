@@ -7,6 +7,7 @@ import pickle
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
+from typing import Any
 
 import pydantic
 import pytest
@@ -22,6 +23,8 @@ from sandbox_client import (
     ExecutorRejected,
     ExecutorTimeout,
     ExecutorUnreachable,
+    InvalidConfig,
+    InvalidSpec,
     ProtocolError,
     ReplyLost,
     SandboxClient,
@@ -44,6 +47,8 @@ def test_tree_has_one_root() -> None:
         ExecutorRejected,
         ExecutorBusy,
         ProtocolError,
+        InvalidSpec,
+        InvalidConfig,
     ):
         assert issubclass(cls, TaskExecutorError)
     assert issubclass(ExecutorTimeout, ReplyLost) and issubclass(ConnectionLost, ReplyLost)
@@ -163,3 +168,57 @@ def test_ok_result_decodes(mocked: responses.RequestsMock, make_client: Make) ->
     mocked.post(f"{URL}/task/submit", json=task_result(duration_s=1.5))
     result = make_client(URL).run_task(task_spec())
     assert (result.status, result.resolved, result.duration_s) == ("resolved", True, 1.5)
+
+
+def test_the_seed_names_import_from_the_package() -> None:
+    import sandbox_client
+    from sandbox_client import protocol
+
+    for name in ("TaskSpec", "TaskResult", "SessionStartSpec", "ExecResult", "FinishResult",
+                 "FinishSpec", "SessionState", "SnapshotInfo", "HealthResponse"):
+        assert getattr(sandbox_client, name) is getattr(protocol, name)
+        assert name in sandbox_client.__all__
+    for name in ("TaskExecutorError", "InvalidSpec", "InvalidConfig"):
+        assert issubclass(getattr(sandbox_client, name), TaskExecutorError)
+
+
+@pytest.mark.parametrize(
+    ("call", "model", "field"),
+    [
+        (lambda c, s: c.run_task({"task_id": "t", "repo": "/r"}), "TaskSpec", "base_commit"),
+        (lambda c, s: c.run_task(task_spec(FAIL_TO_PASS="[not json")), "TaskSpec",
+         "FAIL_TO_PASS"),
+        (lambda c, s: c.run_task(task_spec(tpyo=1)), "TaskSpec", "tpyo"),
+        (lambda c, s: c.start_session({"repo": "/r", "base_commit": "abc", "env": {"1x": "v"}}),
+         "SessionStartSpec", "env"),
+        (lambda c, s: s.exec("echo \0"), "ExecRequest", "command"),
+        (lambda c, s: s.exec("true", timeout=-1), "ExecRequest", "timeout"),
+        (lambda c, s: s.finish(fail_to_pass=7), "FinishSpec", "fail_to_pass"),
+        (lambda c, s: s.snapshot(".."), "SnapshotRequest", "name"),
+        (lambda c, s: s.snapshot("a/b"), "SnapshotRequest", "name"),
+    ],
+)
+def test_a_spec_the_client_refuses_is_invalid_spec_naming_the_field(
+    mocked: responses.RequestsMock, make_client: Make, call: Any, model: str, field: str
+) -> None:
+    """Inside the tree reward code catches (and a ValueError, as pydantic's was); nothing sent."""
+    start = mocked.post(f"{URL}/session/start",
+                        json={"session_id": "s", "workdir": "/testbed", "base_commit": "abc"})
+    client = make_client(URL)
+    session = client.start_session({"repo": "/r", "base_commit": "abc"})
+    with pytest.raises(InvalidSpec) as info:
+        call(client, session)
+    assert isinstance(info.value, TaskExecutorError) and isinstance(info.value, ValueError)
+    assert (info.value.model, info.value.field, info.value.code) == (model, field, "invalid_spec")
+    assert str(info.value).startswith(f"invalid {model}: {field}")
+    assert isinstance(info.value.__cause__, pydantic.ValidationError)
+    assert len(mocked.calls) == start.call_count == 1  # only the session's own start
+
+
+def test_an_unusable_configuration_is_invalid_config() -> None:
+    for bad in ({"urls": "ftp://x"}, {"urls": []}, {"urls": "http://a:1", "routing": "random"},
+                {"urls": "http://a:1", "timeout": "soon"}, {"urls": "http://a:1", "timeout": (1,)},
+                {"urls": "http://a:1", "config": {"env": {"code": {"task_timeout": "x"}}}}):
+        with pytest.raises(InvalidConfig) as info:
+            SandboxClient(**bad)
+        assert isinstance(info.value, ValueError) and info.value.code == "invalid_config"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -155,3 +156,71 @@ def test_fleet_reap_calls_the_provisioner(
     assert main(["fleet", "reap", "--job", "run-1", "--namespace", "ml"]) == 0
     assert calls == [("run-1", {"namespace": "ml"})]
     assert "3 pods deleted, 0 left" in capsys.readouterr().out
+
+
+def test_fleet_up_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1] - 1  # the second executor's port is the taken one
+        result = run_fleet("--base-port", str(port), "--base-dir", str(tmp_path / "fleet"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"dockyard fleet: port {port + 1} on 127.0.0.1 already in use (another fleet or "
+        "executor?); stop it, or pick --base-port (0: any free ports)"
+    ]
+    assert not (tmp_path / "fleet").exists()  # refused before anything started
+
+
+def test_fleet_up_keeps_its_base_dir_in_the_cache_and_nothing_in_tmp(
+    demo_task: DemoTask, tmp_path: Path
+) -> None:
+    """Default base dir: $XDG_CACHE_HOME/dockyard/fleet, the same on every run (a mirror made by
+    the first run is there for the second); TMPDIR gets nothing."""
+    cache, scratch = tmp_path / "cache", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache),
+           "TMPDIR": str(scratch)}
+    base = cache / "dockyard" / "fleet"
+    for run in range(2):
+        fleet = subprocess.Popen(
+            [sys.executable, "-m", "sandbox_client", "fleet", "up", "--workers", "1",
+             "--base-port", "0"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            assert fleet.stdout is not None
+            lines = []
+            for line in fleet.stdout:
+                lines.append(line)
+                if line.startswith("DOCKYARD_SANDBOX_URLS="):
+                    break
+            assert f"log {base}/worker-0.log" in lines[0]
+            url = lines[-1].strip().split("=", 1)[1]
+            with SandboxClient(url) as client:
+                task = {**demo_task.request(f"run-{run}", demo_task.gold_patch), "env": FAST_ENV}
+                assert client.run_task(task).status == "resolved"
+            mirrors = sorted(p.name for p in (base / "worker-0" / "mirrors").iterdir())
+            if run == 0:
+                first_mirrors = mirrors
+            else:
+                assert mirrors == first_mirrors  # the same mirror, kept between runs
+            fleet.send_signal(signal.SIGTERM)
+            assert fleet.wait(timeout=60) == 0
+        finally:
+            if fleet.poll() is None:
+                fleet.kill()
+            fleet.wait()
+            fleet.stdout.close()  # type: ignore[union-attr]
+    assert list(scratch.iterdir()) == []
+
+
+def test_default_base_dir_for_root_avoids_a_home_the_sandbox_cannot_pass(tmp_path: Path) -> None:
+    from sandbox_client.cli.fleet import ROOT_CACHE, default_base_dir
+
+    closed, opened = tmp_path / "closed-home", tmp_path / "open-home"
+    closed.mkdir(mode=0o700)
+    opened.mkdir(mode=0o711)
+    assert default_base_dir({"XDG_CACHE_HOME": "/x/cache"}, euid=1000) == Path(
+        "/x/cache/dockyard/fleet")
+    assert default_base_dir({"HOME": str(opened)}, euid=0) == opened / ".cache/dockyard/fleet"
+    assert default_base_dir({"HOME": str(closed)}, euid=0) == ROOT_CACHE
+    assert default_base_dir({"HOME": str(closed)}, euid=1000) == closed / ".cache/dockyard/fleet"

@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 import requests
 
-from sandbox_client import SandboxClient, reward_from_result, run_task_safe
+from sandbox_client import (
+    ExecutorRejected,
+    RemoteSession,
+    SandboxClient,
+    reward_from_result,
+    run_task_safe,
+)
 from sandbox_client.protocol import FinishResult
 from task_executor.demo import DemoTask
 
@@ -209,3 +215,26 @@ def test_session_start_exec_files_finish(demo_task: DemoTask, executor: Any) -> 
         assert "return a + b" in done.patch
         assert session.finished and not session.closed
     assert FinishResult.model_validate_json(done.model_dump_json()) == done
+
+
+def test_session_snapshot_and_fork_are_public(demo_task: DemoTask, executor: Any) -> None:
+    """snapshot() keeps a state to fork from; fork() is a new session on the same executor with
+    the source's tree, cwd and exports; the source goes on untouched."""
+    start = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+    with SandboxClient(executor.url) as client, client.start_session(start) as source:
+        source.exec("echo one > state.txt && mkdir -p sub && cd sub && export MARK=kept")
+        snap = source.snapshot("first")
+        assert (snap.session_id, snap.name) == (source.session_id, "first")
+        assert source.snapshot().name == "snap-2"  # the default name
+        source.exec("echo two > ../state.txt")
+        with source.fork() as now, source.fork(snapshot="first") as then:
+            assert isinstance(now, RemoteSession) and now.url == source.url
+            assert len({source.session_id, now.session_id, then.session_id}) == 3
+            assert now.exec("cat ../state.txt; echo $MARK; basename $PWD").output.split() == [
+                "two", "kept", "sub"]
+            assert then.read_file("state.txt") == b"one\n"
+            then.write_file("state.txt", b"changed in the fork\n")
+        assert source.read_file("state.txt") == b"two\n"
+        with pytest.raises(ExecutorRejected) as missing:
+            source.fork(snapshot="never-taken")
+        assert (missing.value.status, missing.value.code) == (404, "snapshot_not_found")

@@ -63,7 +63,7 @@ def test_entry_fields() -> None:
 def test_totals_and_resume(tmp_path: Path) -> None:
     path = tmp_path / "report.json"
     preds = {i: Prediction(i, f"diff {i}") for i in "abcdef"}
-    report = GradeReport(path, 10, preds)
+    report = GradeReport(path, "abcdefghij", preds)
     statuses = {
         "a": "resolved",
         "b": "unresolved",
@@ -77,10 +77,13 @@ def test_totals_and_resume(tmp_path: Path) -> None:
     assert RUN_FIELDS <= set(data)
     assert (data["total_instances"], data["submitted_instances"]) == (10, 6)
     assert data["resolved_ids"] == ["a"] and data["unresolved_ids"] == ["b", "c", "d"]
-    assert data["error_ids"] == ["e"] and data["incomplete_ids"] == ["f"]
+    # As in SWE-bench: incomplete = no prediction; a prediction not graded (yet) is an error.
+    assert data["incomplete_ids"] == ["g", "h", "i", "j"]
+    assert data["error_ids"] == ["e", "f"] and data["ungraded_ids"] == ["f"]
+    assert data["error_reasons"] == {"not_graded": 1, "unknown": 1}  # the result has no code
     assert data["completed_instances"] == 4
 
-    again = GradeReport(path, 10, preds)
+    again = GradeReport(path, "abcdefghij", preds)
     assert [again.is_done(p) for p in preds.values()] == [True] * 4 + [False, False]
     changed = Prediction("a", "a different patch")
     assert not again.is_done(changed)  # a new patch for the same instance is graded again
@@ -90,10 +93,10 @@ def test_unreadable_report_is_an_input_error(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text("{half")
     with pytest.raises(InputError, match="unreadable"):
-        GradeReport(path, 1, [])
+        GradeReport(path, ["a"], [])
     path.write_text("[]")
     with pytest.raises(InputError, match="not a dockyard grade report"):
-        GradeReport(path, 1, [])
+        GradeReport(path, ["a"], [])
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:

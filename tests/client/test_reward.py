@@ -51,8 +51,9 @@ def test_safe_run_turns_rejection_into_execution_error(
 
 def test_safe_run_survives_a_bad_spec(make_client: Make) -> None:
     result = run_task_safe({"instance_id": "x"}, client=make_client("http://a:1"))
-    assert (result.task_id, result.status) == ("x", "execution_error")
-    assert "ValidationError" in (result.error or "")
+    assert (result.task_id, result.status, result.error_code) == (
+        "x", "execution_error", "invalid_spec")
+    assert "invalid TaskSpec: repo: Field required" in (result.error or "")
 
 
 def test_module_functions_use_the_configured_default(

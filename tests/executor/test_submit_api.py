@@ -341,3 +341,30 @@ def test_mirror_fetches_a_commit_made_after_it_was_cloned(executor, demo_task):
 def test_repo_as_a_git_url(executor, demo_task):
     body = {**demo_task.request("url", demo_task.gold_patch), "repo": f"file://{demo_task.repo}"}
     assert executor.submit(body).json()["status"] == "resolved"
+
+
+def test_log_bytes_asks_for_the_whole_test_output_up_to_the_executors_cap(
+    executor_factory, tmp_path
+):
+    """Without log_bytes the log is the 64 KiB tail (head and tail of the test run, the middle
+    marked omitted); with it, all of a 200 KiB run; past DOCKYARD_MAX_LOG_BYTES, that cap."""
+    executor = executor_factory(max_log_bytes=300 * 1024)
+    test = (
+        "def test_it():\n"
+        "    for i in range(2000):\n"
+        "        print(f'line {i:05d} ' + 'x' * 90)\n"
+    )
+    body = {**_task_with_test(tmp_path, test), "test_command": "python -m pytest -s test_it.py"}
+    default = executor.submit({**body, "task_id": "default"}).json()
+    full = executor.submit({**body, "task_id": "full", "log_bytes": 1024 * 1024}).json()
+    capped = executor.submit({**body, "task_id": "capped", "log_bytes": 4096}).json()
+    assert [r["status"] for r in (default, full, capped)] == ["resolved"] * 3
+    assert "bytes omitted" in default["log"] and "line 00000 " in default["log"]
+    assert "line 01000 " not in default["log"] and "line 01999 " in default["log"]
+    assert "bytes omitted" not in full["log"]
+    assert all(f"line {i:05d} " in full["log"] for i in range(2000))
+    assert "bytes omitted" in capped["log"] and len(capped["log"]) < 4096 + 64 * 1024
+    huge = executor.submit({**body, "task_id": "huge", "log_bytes": 10**9}).json()
+    assert "bytes omitted" not in huge["log"]  # clamped to 300 KiB: still all of 200 KiB
+    refused = executor.submit({**body, "task_id": "tiny", "log_bytes": 10})
+    assert refused.status_code == 422 and "log_bytes" in refused.json()["error"]["message"]

@@ -98,8 +98,11 @@ def test_concurrent_workers_hold_the_rate_on_the_real_clock(harness: Harness) ->
     prov = harness.provisioner(rate=100.0, burst=10, jitter_s=0.005, max_live=300,
                                create_workers=16)
     tickets = [prov.submit() for _ in range(200)]
-    assert all(t.wait(30) for t in tickets)
-    assert _rate(harness.standin.times("create"), 10) == pytest.approx(100.0, rel=0.10)
+    assert all(t.wait(60) for t in tickets)
+    # Pacing promises a ceiling: never faster than the rate. How close to it 16 workers get
+    # depends on the machine's load (a busy 2-core machine may not make 100 creates a second),
+    # so only the ceiling is asserted here (the injected-clock test above holds the rate exactly).
+    assert _rate(harness.standin.times("create"), 10) <= 100.0 * 1.10
     prov.detach()
 
 

@@ -35,10 +35,8 @@ The windows about other tenants' pods, deletes and readiness are in test_windows
 
 from __future__ import annotations
 
-import gc
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
 from typing import Any
 
 import pytest
@@ -47,8 +45,11 @@ pytest.importorskip("kubernetes")
 
 from sandbox_client.provisioner import ReadinessTimeout
 from sandbox_client.provisioner.testing import Fault
+from tests.processes import wait_until
 
 from .conftest import (
+    READY_BUDGET,
+    BudgetOnceSettled,
     Harness,
     Window,
     api_config,
@@ -148,11 +149,7 @@ def stored_reply_held_cancel(h: Harness) -> None:
     after = threading.Event()
     h.standin.inject(Fault("create", after_hold=after))
     ticket = prov.submit()
-    for _ in range(500):
-        if h.job_pods(prov.settings.job):
-            break
-        threading.Event().wait(0.002)
-    assert h.job_pods(prov.settings.job), "the pod was never stored"
+    wait_until(lambda: bool(h.job_pods(prov.settings.job)))  # stored, its reply held
     ticket.cancel()
     after.set()
     assert ticket.wait(5) and ticket.state == "late-deleted"
@@ -160,27 +157,16 @@ def stored_reply_held_cancel(h: Harness) -> None:
     h.assert_drained(prov)
 
 
-@contextmanager
-def no_gc_pause() -> Iterator[None]:
-    """A full collection of this suite's heap takes 100+ ms: longer than a 20 ms budget."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 @window
 def never_ready_timeout(h: Harness) -> None:
-    prov = h.provisioner()
+    # The pod never turns Ready; the budget ends once its create has settled (stored, not
+    # Ready), however slow the machine: a budget shorter than the create would take the
+    # admission_cancel path instead (the pod landing after the cancel, the worker's to delete).
+    clock = BudgetOnceSettled(0)
+    prov = clock.watch(h.provisioner(clock=clock))
     h.standin.never_ready_next = 1
-    # The pod never turns Ready, so any budget ends with it stored and not Ready; the budget
-    # only has to outlast the create itself (else the pod lands after the cancel and is the
-    # worker's to delete, admission_cancel's path): 0.02 s did not on a loaded machine.
-    with pytest.raises(ReadinessTimeout) as caught, no_gc_pause():
-        prov.provision(1, timeout=2.0)
+    with pytest.raises(ReadinessTimeout) as caught:
+        prov.provision(1, timeout=READY_BUDGET)
     assert caught.value.ready_urls == []
     assert h.job_pods(prov.settings.job) == []
     h.assert_drained(prov)
@@ -216,7 +202,20 @@ def exception_in_with(h: Harness) -> None:
 
 @window
 def lost_reply_late_landing(h: Harness) -> None:
-    prov = h.provisioner(api=api_config(h, 0.03), settle_s=0.08, shared_api=False)
+    settle_s = 0.08
+    job: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        # The settle before the last read-back lasts until the late pod has landed, however long
+        # a loaded machine takes to store it after the hold is released: the window is a landing
+        # during the settle, not a race with it.
+        if seconds == settle_s:
+            wait_until(lambda: bool(h.job_pods(job[0])))
+        time.sleep(seconds)
+
+    prov = h.provisioner(api=api_config(h, 0.03), settle_s=settle_s, shared_api=False,
+                         sleep=sleep)
+    job.append(prov.settings.job)
     hold = threading.Event()
     h.standin.inject(Fault("create", hold=hold))  # admission outlasts our 30 ms read timeout
     creates, reads = h.standin.count("create"), h.standin.count("read")

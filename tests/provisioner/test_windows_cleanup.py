@@ -34,6 +34,7 @@ from sandbox_client.provisioner.testing import Fault
 from .conftest import (
     NAMESPACE,
     READY_BUDGET,
+    BudgetOnceSettled,
     Harness,
     Window,
     api_config,
@@ -142,7 +143,8 @@ def delete_read_timeout(h: Harness) -> None:
 
 @window
 def partial_ready(h: Harness) -> None:
-    prov = h.provisioner()
+    clock = BudgetOnceSettled(1)
+    prov = clock.watch(h.provisioner(clock=clock))
     h.standin.never_ready_next = 2
     urls = prov.provision(3, min_ready=1, timeout=READY_BUDGET)
     assert len(urls) == 1
@@ -153,7 +155,8 @@ def partial_ready(h: Harness) -> None:
 
 @window
 def fallback_respects_cap(h: Harness) -> None:
-    prov = h.provisioner(max_live=2)
+    clock = BudgetOnceSettled(1)
+    prov = clock.watch(h.provisioner(max_live=2, clock=clock))
     h.standin.never_ready_next = 1
     h.standin.delete_after = 0.02
     try:
