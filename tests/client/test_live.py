@@ -67,8 +67,10 @@ def test_a_closed_port_in_the_fleet_costs_no_verdict(
         specs = [spec(demo_task, f"c{i}", "") for i in range(9)]
         results = list(pool.map(run_task_safe, specs, [client] * len(specs)))
     assert [r.status for r in results] == ["unresolved"] * 9
-    # The closed port's share failed over to the next executor in the ring.
-    assert graded_on(caplog) == {urls[0]: 3, urls[2]: 6}
+    # The closed port's share failed over to the live executors (how it splits between them
+    # depends on which of the 4 concurrent calls learns of the ejection first).
+    graded = graded_on(caplog)
+    assert set(graded) == {urls[0], urls[2]} and sum(graded.values()) == 9, graded
 
 
 def test_executor_killed_mid_batch_loses_no_verdict(
