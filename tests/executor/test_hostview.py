@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +24,20 @@ def base(tmp_path: Path):
     unmount_under(tmp_path)
 
 
-def test_the_view_is_the_host_read_only_without_the_base_dir(base: Path) -> None:
-    hidden = str(Path(__file__).resolve().parent)  # stands in for the executor's code
+@pytest.fixture
+def executor_code() -> Iterator[str]:
+    """A directory with a file, standing in for the executor's code (never under /tmp, which
+    every sandbox has its own of anyway)."""
+    directory = Path(tempfile.mkdtemp(prefix="dockyard-hostview-", dir="/var/tmp"))
+    (directory / "secret.py").write_text("TOKEN = 1\n")
+    yield str(directory)
+    shutil.rmtree(directory)
+
+
+def test_the_view_is_the_host_read_only_without_the_base_dir(executor_code: str,
+                                                              base: Path) -> None:
+    # (executor_code first: set up before base, torn down after the view is unmounted)
+    hidden = executor_code
     view = build_host_view(base / "view", base, (hidden,), keep_hiding_below=(),
                            mount_points=("/proc", "/dev", "/tmp", "/run", "/testbed"))
     assert view.prebuilt, view.reason
