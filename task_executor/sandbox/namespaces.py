@@ -22,7 +22,6 @@ for the fork (the child inherits it) and returns to the executor's namespace at 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -194,9 +193,6 @@ class LaunchNamespaces:
         attach_mount(tree, holder)
         return _own_namespace()
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._clean)
 
 
 @dataclass(frozen=True)
