@@ -1,9 +1,10 @@
 """Thin module functions over a default ``SandboxClient`` (the shape of requests' ``api.py``).
 
 The default client is built on first use from the environment (``DOCKYARD_SANDBOX_URLS``,
-``DOCKYARD_API_TOKEN``) and shared by every thread, so its connection pool and its round-robin
-counter are too. ``configure(...)`` replaces it, e.g. with a trainer config; callers that want
-their own lifecycle keep a ``SandboxClient`` instead.
+``DOCKYARD_API_TOKEN``, ``DOCKYARD_ROUTING``) and shared by every thread, so its connection pool
+and its view of the fleet (template-affinity ranking, ejected executors, capacity) are too.
+``configure(...)`` replaces it, e.g. with a trainer config; callers that want their own lifecycle
+keep a ``SandboxClient`` instead.
 """
 
 from __future__ import annotations

@@ -564,6 +564,12 @@ class SessionStartResult(_Response):
     session_id: str = Field(description="Id for every later call on this session.")
     workdir: str = Field(description="Absolute path of the working tree inside the session.")
     base_commit: str = Field(description="Commit the working tree was created at.")
+    template_hit: bool | None = Field(
+        default=None,
+        description="True: the template (repository at the commit, setup done) was reused, "
+        "ready or being built by another request; false: this start built it; null: this "
+        "executor keeps no templates (git-clone mode).",
+    )
 
 
 class ExecRequest(_Request):

@@ -76,6 +76,8 @@ class RemoteSession:
         self.session_id = started.session_id
         self.workdir = started.workdir
         self.base_commit = started.base_commit
+        #: Whether the executor reused the session's template (False: this start built it).
+        self.template_hit = started.template_hit
         self._command_timeout = command_timeout
         self._path = f"/session/{quote(self.session_id, safe='')}"
         self.finished = False

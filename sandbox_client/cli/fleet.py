@@ -3,9 +3,9 @@
 ``fleet up`` starts N ``python -m task_executor serve`` subprocesses, each with its own base dir
 and log file, waits until every one answers ``/health``, prints the ``DOCKYARD_SANDBOX_URLS=...``
 line a trainer needs, and then supervises: Ctrl-C, SIGTERM or SIGHUP stops them all, and so does
-the death of any one (a fleet silently short of a worker would skew the round-robin). Stopping
-signals each executor's process group and every process descended from it, waits, then kills what
-is left: no orphans.
+the death of any one (a fleet silently short of a worker would rebuild that worker's templates
+elsewhere). Stopping signals each executor's process group and every process descended from it,
+waits, then kills what is left: no orphans.
 
 The base directory defaults to one that stays: ``$XDG_CACHE_HOME/dockyard/fleet`` (else
 ``~/.cache/dockyard/fleet``), so templates and mirrors survive from one run to the next and

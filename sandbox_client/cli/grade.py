@@ -1,7 +1,8 @@
 """``dockyard grade``: SWE-bench predictions graded over a fleet, resumable, into one report.
 
 Empty patches are not sent (SWE-bench counts them as ``empty_patch``). An ``execution_error`` is
-no verdict, so the task is sent again (the round-robin moves it to another executor) up to
+no verdict, so the task is sent again (placed as before: the executor its template ranks first,
+or the next when that one is ejected or full) up to
 ``max_error_retries`` times; what still has no verdict is reported under ``error_ids`` and graded
 again by the next run with the same report file. The first instance of each repository goes
 first (``fleetcheck``): when none of those gets a verdict for a fleet-wide reason, the run stops.

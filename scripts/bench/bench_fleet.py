@@ -4,18 +4,22 @@ executor killed mid-run.
 Each run starts ``--workers`` fresh executors with the code ``dockyard fleet up`` uses
 (``sandbox_client.cli.fleet``), and submits ``--tasks`` tasks x ``--rollouts`` rollouts at once
 (every GRPO group whole, all groups together) through one ``SandboxClient``. Every task is the
-demo repository with a ``setup`` of its own (``--setup``, or ``--cpu-setup S``: S seconds of CPU
-work, as a ``pip install`` or a build does; then a line naming the task), so it has a template of
-its own; rollouts alternate the gold patch and the empty one, so every verdict is
-known in advance. Printed per run: templates built (the executors' ``/metrics``), 429s the
-executors answered and 429s that reached the caller, wall time, p50/p99 submit-to-verdict,
+demo repository with a ``setup`` of its own (``--cpu-setup S``, default 2: S seconds of CPU work,
+as a ``pip install`` or a build does; or any ``--setup`` command; then a line naming the task), so
+it has a template of its own; rollouts alternate the gold patch and the empty one, so every
+verdict is known in advance. Printed per run: templates built (the executors' ``/metrics``), 429s
+the executors answered and 429s that reached the caller, wall time, p50/p99 submit-to-verdict,
 verdicts wrong or missing. The two policies run in the same invocation, in alternating order when
 ``--rounds`` > 1. The kill run (affinity) SIGKILLs, after ``--kill-after`` verdicts, the executor
 with the most gradings in flight, and reports what the client saw of it.
 
 Usage (as root: the executors' sandbox and overlay workspaces need it):
     python scripts/bench/bench_fleet.py [--workers 4] [--tasks 8] [--rollouts 8]
-        [--setup 'sleep 2' | --cpu-setup 2] [--capacity 32] [--rounds 1] [--kill-after 16]
+        [--cpu-setup 2 | --setup 'sleep 2'] [--capacity 32] [--rounds 1] [--kill-after 16]
+
+A setup that sleeps costs round-robin nothing it can see here: its 32 builds sleep side by side,
+and the 64 test runs keep both CPUs busy either way. The builds cost what a real setup spends
+(CPU, the package index, disk), so the default setup spends CPU.
 
 ``--capacity`` (each executor's ``DOCKYARD_MAX_TASKS``) defaults to 32: rendezvous hashing of 8
 keys over 4 executors can put 4 templates (32 rollouts) on one, and a group that finds its
@@ -231,19 +235,21 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--rollouts", type=int, default=8)
-    parser.add_argument("--setup", default="sleep 2", help="setup command of every task")
-    parser.add_argument("--cpu-setup", type=float, metavar="S",
-                        help="instead of --setup: S seconds of CPU time spent in setup")
+    parser.add_argument("--setup", help="setup command of every task (e.g. 'sleep 2')")
+    parser.add_argument("--cpu-setup", type=float, metavar="S", default=2.0,
+                        help="without --setup: S seconds of CPU time spent in setup (default 2)")
     parser.add_argument("--capacity", type=int, default=32,
                         help="gradings each executor runs at once (DOCKYARD_MAX_TASKS)")
     parser.add_argument("--rounds", type=int, default=1, help="round-robin/affinity pairs")
     parser.add_argument("--kill-after", type=int, default=16,
                         help="verdicts before the kill run's SIGKILL (0: no kill run)")
     args = parser.parse_args()
-    if args.cpu_setup:
+    if args.setup is None:
         args.setup = (f'python3 -c "import time; t = time.process_time(); '
                       f'all(iter(lambda: time.process_time() - t < {args.cpu_setup}, False))"')
     os.environ["DOCKYARD_MAX_TASKS"] = str(args.capacity)  # inherited by the executors
+    # A SIGTERM unwinds like Ctrl-C: every fleet's ``finally`` stops its executors (none orphaned).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     work = Path(tempfile.mkdtemp(prefix="dockyard-bench-fleet-"))
     work.chmod(0o711)  # the sandbox uid resolves bind sources under it
@@ -271,7 +277,25 @@ def main() -> int:
               f"{f.get('surfaced_429', 0):>9}{f['wrong']:>6}{f['missing']:>8}")
     for run in runs:
         print(json.dumps(run.figures()))
+    print_medians(runs)
     return 0
+
+
+def print_medians(runs: list[Run]) -> None:
+    """Each policy's medians over its rounds, and round-robin's over affinity's (side by side:
+    the two policies alternate within this one invocation)."""
+    by_policy = {name: [r.figures() for r in runs if r.name == name]
+                 for name in ("round_robin", "affinity")}
+    medians = {name: {key: statistics.median(f[key] for f in figures)
+                      for key in ("wall_s", "p50_s", "p99_s")}
+               for name, figures in by_policy.items() if figures}
+    if len(medians) < 2:
+        return
+    rr, aff = medians["round_robin"], medians["affinity"]
+    rounds = len(by_policy["affinity"])
+    print(f"medians over {rounds} round(s): wall {rr['wall_s']:.2f} vs {aff['wall_s']:.2f} s "
+          f"({rr['wall_s'] / aff['wall_s']:.2f}x); p50 {rr['p50_s']:.2f} vs {aff['p50_s']:.2f} s; "
+          f"p99 {rr['p99_s']:.2f} vs {aff['p99_s']:.2f} s (round-robin vs affinity)")
 
 
 if __name__ == "__main__":

@@ -208,9 +208,7 @@ class Grader:
         try:
             mark = time.monotonic()
             workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
-            templates = self.workspaces.templates
-            if workspace.template is not None and templates is not None:
-                result.template_hit = templates.last_acquire_hit()
+            result.template_hit = workspace.template_hit
             # Setup runs inside create: per workspace in git-clone mode, once per template else.
             phases.setup = workspace.setup_s
             phases.checkout = time.monotonic() - mark - workspace.setup_s

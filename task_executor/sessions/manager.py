@@ -311,6 +311,7 @@ class SessionManager:
             session_id=session.session_id,
             workdir=session.workspace.visible_path,
             base_commit=session.workspace.base_commit,
+            template_hit=session.workspace.template_hit,
         )
 
     def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:

@@ -80,6 +80,9 @@ class Workspace:
     env: dict[str, str]
     factory: WorkspaceFactory
     template: Template | None = None
+    template_hit: bool | None = None
+    """True: made from a template that was ready (or being built by another request); False:
+    this workspace's request built it; None: no template (git-clone mode)."""
     layers: list[Path] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)
     """Paths setup created or changed: environment, never part of a captured patch."""
@@ -217,6 +220,7 @@ class WorkspaceFactory:
                 template = self.templates.acquire(repo, base_commit, setup, env)
                 workspace = self._from_template(holder, template, setup, env, snapshot, group,
                                                 namespace)
+                workspace.template_hit = self.templates.last_acquire_hit()
         except BaseException:
             self._release_holder(holder, group, namespace)
             if template is not None and self.templates is not None:

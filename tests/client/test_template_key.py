@@ -83,3 +83,20 @@ def test_affinity_builds_a_groups_template_once_round_robin_on_every_executor(
     assert [r.status for r in results] == ["resolved"] * 4
     assert sorted(r.template_hit for r in results) == [False, False, False, True]
     assert builds(executors) == 1 + 3
+
+
+def test_a_session_start_says_whether_it_built_its_template(
+    demo_task: DemoTask, executor: RunningExecutor
+) -> None:
+    spec = {"repo": demo_task.repo, "base_commit": demo_task.base_commit, "env": dict(FAST_ENV),
+            "setup": ["echo prepared > .prepared"]}
+    with SandboxClient(executor.url) as client:
+        with client.start_session(spec) as first, client.start_session(spec) as second:
+            with first.fork() as forked:
+                hits = (first.template_hit, second.template_hit, forked.template_hit)
+        # The same template as a grading of the task: the grading reuses it.
+        graded = client.run_task(demo_spec(demo_task, "after-sessions",
+                                           setup=["echo prepared > .prepared"]))
+    assert hits == (False, True, True)
+    assert graded.template_hit is True
+    assert builds([executor]) == 1
