@@ -32,6 +32,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _CLONE_FS, _CLONE_NEWNS = 0x200, 0x20000
 _T = TypeVar("_T")
+_LIVENESS_CHECK_S = 5.0
+"""How often a launch waiting on the spawner checks that its thread still runs."""
 
 
 def _check(result: int, what: str) -> None:
@@ -118,12 +121,20 @@ class _Spawner:
         self._home = _own_namespace()  # the executor's; kept for the process's life
         self._requests: queue.SimpleQueue[tuple[int, list[str], dict[str, Any], Future[Any]]]
         self._requests = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="dockyard-spawner", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="dockyard-spawner", daemon=True)
+        self._thread.start()
 
     def popen(self, fd: int, argv: list[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
         done: Future[subprocess.Popen[bytes]] = Future()
         self._requests.put((fd, argv, options, done))
-        return done.result()
+        # No deadline (a fork on a loaded machine may take long, and a launch given up on would
+        # leave its process running unowned), but never a wait on a thread that is gone.
+        while True:
+            try:
+                return done.result(timeout=_LIVENESS_CHECK_S)
+            except FutureTimeout:
+                if not self._thread.is_alive() and not done.done():
+                    raise RuntimeError("the sandbox spawner thread has stopped") from None
 
     def _serve(self) -> None:
         unshared = _libc.unshare(_CLONE_FS) == 0
