@@ -205,7 +205,6 @@ class LaunchNamespaces:
         return _own_namespace()
 
 
-
 @dataclass(frozen=True)
 class Launcher:
     """How to start a command of code under test: the argv prefix, and the mount namespace to
