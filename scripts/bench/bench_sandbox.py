@@ -76,7 +76,9 @@ TRUE = {"command": "true", "timeout": 60}
 PEEK = "echo PATH=$PATH; echo uid=$(id -u); echo python=$(command -v python)"
 BUDGETS = {  # what the sandbox change may cost (issue brief)
     "start_after_p50_ms": 50.0, "exec_p50_extra_ms": 0.3,
-    "grading_overhead_extra_ms": 50.0, "memory_after_kib": 1024.0,
+    # "grading overhead <= 50 ms": read as the whole overhead, the stricter reading (it was
+    # quoted against the increase over the old launcher before; both are shown).
+    "grading_overhead_after_p50_ms": 50.0, "memory_after_kib": 1024.0,
 }
 
 
@@ -484,10 +486,9 @@ def report(res: dict[str, Any]) -> None:
               aft["wall"]))
     print(row("grading: result duration_s", bef["duration"], aft["duration"]))
     print(row("grading: phases.tests", bef["tests"], aft["tests"]))
-    extra = aft["overhead"]["p50_ms"] - bef["overhead"]["p50_ms"]
     print(row("grading overhead: duration_s - tests", bef["overhead"], aft["overhead"],
-              f"after - before <= {b['grading_overhead_extra_ms']:.0f} ms: "
-              + verdict(extra <= b["grading_overhead_extra_ms"])))
+              f"after p50 <= {b['grading_overhead_after_p50_ms']:.0f} ms: "
+              + verdict(aft["overhead"]["p50_ms"] <= b["grading_overhead_after_p50_ms"])))
     print(row("grading overhead: wall - tests", bef["overhead_wall"], aft["overhead_wall"]))
     for name in ("before", "after"):
         parts = ", ".join(f"{p} {v:.1f}" for p, v in r[name]["phases_p50_ms"].items())
