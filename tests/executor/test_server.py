@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import pytest
 
 from sandbox_client.protocol import ErrorResponse
 from task_executor.config import Settings
+from task_executor.service import server as server_module
 from task_executor.service.server import LifoCondition
 from tests.conftest import serve_in_thread
 
@@ -78,15 +80,36 @@ def get(connection: http.client.HTTPConnection, path: str = "/") -> str:
     return reply.read().decode()
 
 
-def test_sequential_requests_stay_on_the_thread_that_went_idle_last(tmp_path: Path) -> None:
+def idle_workers(server: Any) -> int:
+    return len(server.task_dispatcher.queue_cv._waiters)
+
+
+@pytest.mark.parametrize("wake", ["newest_first", "waitress_fifo"])
+def test_sequential_requests_stay_on_the_thread_that_went_idle_last(
+    tmp_path: Path, wake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # waitress's own dispatcher wakes the thread idle the longest: 30 requests one after the
-    # other went round all 8 threads, each one cold.
-    # On a loaded machine the next request can arrive before the worker that answered the last
-    # one is back in the idle queue, and then another thread takes it: a few threads, never all
-    # (waitress's FIFO wake used every one of the 8).
-    with serving(thread_name_app, tmp_path) as connection:
-        served_by = {get(connection) for _ in range(30)}
-    assert len(served_by) <= THREADS // 2, served_by
+    # other go round all 8 threads, each one cold (the control). Each request is sent once every
+    # worker is back in the idle queue: a loaded machine may deliver an answer before the worker
+    # that sent it gets there, and another would take the next request. So the order of waking
+    # decides alone.
+    if wake == "waitress_fifo":
+        monkeypatch.setattr(server_module, "LifoCondition", threading.Condition)
+    server, stop = serve_in_thread(thread_name_app, Settings(base_dir=tmp_path, threads=THREADS))
+    connection = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=10)
+    served_by = []
+    try:
+        for _ in range(30):
+            while len(server.task_dispatcher.queue_cv._waiters) < THREADS:
+                time.sleep(0.01)  # no deadline: the workers are there, only slow to get back
+            served_by.append(get(connection))
+    finally:
+        connection.close()
+        stop()
+    if wake == "newest_first":
+        assert set(served_by) == {served_by[0]}, served_by
+    else:
+        assert len(set(served_by)) == THREADS, served_by
 
 
 def test_concurrent_requests_still_get_every_thread(tmp_path: Path) -> None:
