@@ -119,9 +119,20 @@ def _show_at(workspace: Workspace, path: str) -> str | None:
     return proc.stdout.decode("utf-8", "surrogateescape")
 
 
-def _exists_at_base(workspace: Workspace, path: str) -> bool:
-    return git(["--git-dir", str(workspace.mirror), "cat-file", "-e",
-                f"{workspace.base_commit}:{path}"], check=False).returncode == 0
+def _existing_at_base(workspace: Workspace, paths: list[str]) -> list[str]:
+    """Those of ``paths`` that exist at the base commit: one ``ls-tree`` for them all (paths
+    taken literally; ``-t``: a directory shown even when a path below it is listed too), else,
+    if git refuses a path there (one that leaves the tree), one lookup per path."""
+    mirror, base = str(workspace.mirror), workspace.base_commit
+    listed = git(["--literal-pathspecs", "--git-dir", mirror, "ls-tree", "-z", "-t",
+                  "--name-only", base, "--", *paths], check=False)
+    if listed.returncode == 0:
+        found = {name.decode("utf-8", "surrogateescape")
+                 for name in listed.stdout.split(b"\0") if name}
+        return [path for path in paths if path in found]
+    return [path for path in paths
+            if git(["--git-dir", mirror, "cat-file", "-e", f"{base}:{path}"],
+                   check=False).returncode == 0]
 
 
 def apply_patches(workspace: Workspace, patch_text: str, test_patch: str) -> AgentPatchOutcome:
@@ -147,7 +158,7 @@ def apply_patches(workspace: Workspace, patch_text: str, test_patch: str) -> Age
             if is_forbidden_path(path):
                 raise TestPatchFailed(f"test patch touches {path}")
         # Parents cleared in the tree that exist at base come back with the files under them.
-        at_base = [path for path in test_paths if _exists_at_base(workspace, path)]
+        at_base = _existing_at_base(workspace, test_paths)
     if agent_text is not None or test_text is not None:
         _apply_both(workspace, agent_text, test_text, test_paths, at_base)
     reset = set(test_paths)

@@ -1,8 +1,13 @@
-"""Patch splitting and the test-configuration rules, on plain strings (no repository needed)."""
+"""Patch splitting and the test-configuration rules, on plain strings; and the lookup of which
+test paths exist at the base commit (one small repository)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from task_executor.demo import init_repo
 from task_executor.grading.diffs import split_patch, touched_paths
+from task_executor.grading.patching import _existing_at_base
 from task_executor.grading.results import ReportedTests, exit_status_conflict
 from task_executor.grading.testconfig import is_test_config_file, restore_test_sections
 
@@ -69,3 +74,16 @@ def test_exit_status_cross_check():
     assert "exited 0" in exit_status_conflict(failed, 0)
     assert "no reported test failed" in exit_status_conflict(passed, 1)
     assert "reported no tests" in exit_status_conflict(ReportedTests(), 5)
+
+
+def test_which_test_paths_exist_at_base_is_one_literal_lookup(tmp_path):
+    """The test patch's paths that exist at the base commit (their parents planted in the tree
+    come back with them): glob characters and quotes are names, a directory counts, a path
+    outside the tree is no path."""
+    repo = tmp_path / "repo"
+    base = init_repo(repo, {"a/b/c.py": "x\n", "t[1].py": "y\n", 'odd "name".py': "z\n"})
+    workspace = SimpleNamespace(mirror=repo / ".git", base_commit=base)
+    asked = ["a", "a/b/c.py", "t[1].py", "t?1?.py", 'odd "name".py', "missing.py", "a/new.py"]
+    assert _existing_at_base(workspace, asked) == ["a", "a/b/c.py", "t[1].py", 'odd "name".py']
+    # git refuses the whole lookup for a path outside the tree: each path on its own then.
+    assert _existing_at_base(workspace, ["../outside", "t[1].py"]) == ["t[1].py"]
