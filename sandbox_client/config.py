@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
-from .errors import InvalidConfig
+import pydantic
+
+from .errors import InvalidConfig, first_problem
 from .protocol import GradingSpec, RequiredConditions, SessionStartSpec, TaskSpec
 
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -216,9 +218,14 @@ def resolve_config(
             try:
                 conditions = json.loads(env[CONDITIONS_ENV])
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{CONDITIONS_ENV} is not a JSON object: {exc}") from exc
+                raise InvalidConfig(f"{CONDITIONS_ENV} is not a JSON object: {exc}") from None
     if conditions is not None:
-        changes["conditions"] = RequiredConditions.model_validate(conditions)
+        try:
+            changes["conditions"] = RequiredConditions.model_validate(conditions)
+        except pydantic.ValidationError as exc:
+            where, problem = first_problem(exc)
+            where = "conditions" if where == "body" else f"conditions.{where}"
+            raise InvalidConfig(f"{where}: {problem}") from None
 
     return replace(base or ClientConfig(), **changes)
 

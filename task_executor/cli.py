@@ -22,7 +22,7 @@ _WAITRESS_SPARE_THREADS = 2
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="task-executor", description=__doc__)
-    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve the REST API with waitress")
     serve.add_argument("--host", help="bind address (API_HOST, default 0.0.0.0)")

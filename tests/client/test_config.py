@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sandbox_client import ClientConfig, SandboxClient
+from sandbox_client import ClientConfig, InvalidConfig, SandboxClient
 from sandbox_client.config import DEFAULT_URL, resolve_config
 from sandbox_client.protocol import TaskSpec
 
@@ -118,7 +118,12 @@ def test_conditions_for_every_task_from_argument_trainer_config_or_environment()
     assert spec.conditions == config.conditions
     own = TaskSpec(task_id="t", repo="/r", base_commit="c", conditions={"cpus": 2})
     assert config.with_conditions(own).conditions.cpus == 2  # a task's own declaration wins
-    with pytest.raises(ValueError, match="DOCKYARD_CONDITIONS"):
+    # Bad conditions are the client's configuration error, like every other setting.
+    with pytest.raises(InvalidConfig, match="DOCKYARD_CONDITIONS is not a JSON object"):
         resolve_config(environ={"DOCKYARD_CONDITIONS": "{not json"})
-    with pytest.raises(ValueError, match="pyton"):
+    with pytest.raises(InvalidConfig, match=r"^conditions: .*valid dictionary"):
+        resolve_config(environ={"DOCKYARD_CONDITIONS": "[1]"})
+    with pytest.raises(InvalidConfig, match=r"^conditions\.pyton: Extra inputs"):
         resolve_config(conditions={"pyton": "3.11"}, environ={})
+    with pytest.raises(InvalidConfig, match=r"^conditions\.cpus: "):
+        resolve_config(environ={"DOCKYARD_CONDITIONS": '{"cpus": 0}'})

@@ -10,6 +10,7 @@ import sys
 import requests
 from openapi_spec_validator import validate
 
+from task_executor import __version__
 from task_executor.cli import main
 from task_executor.service.openapi import openapi_document
 
@@ -57,3 +58,9 @@ def test_openapi_document_is_valid_openapi_31():
     validate(document)
     assert {"/task/submit", "/session/start", "/session/{session_id}/exec",
             "/session/{session_id}/file", "/session/{session_id}/finish"} <= set(document["paths"])
+
+
+def test_version_names_the_program_as_dockyard_version_does():
+    done = subprocess.run([sys.executable, "-m", "task_executor", "--version"],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"task-executor {__version__}\n")
