@@ -327,6 +327,11 @@ def _preflight(args: argparse.Namespace) -> int:
     repos = RepoMapper(args.repo_root, args.repo_url_template)
     client, workers = _client(args)
     with client:
+
+        def check() -> None:
+            for warning in check_fleet(client):
+                print(f"dockyard preflight: {warning}", file=sys.stderr)
+
         checks = run_preflight(
             client,
             instances,
@@ -336,6 +341,7 @@ def _preflight(args: argparse.Namespace) -> int:
             max_error_retries=args.max_error_retries,
             timeout=args.timeout,
             rules=args.rules,
+            before_sending=check,
         )
     allowed = [c.instance_id for c in checks if c.verdict == "ok"]
     args.allowlist.parent.mkdir(parents=True, exist_ok=True)

@@ -15,18 +15,24 @@ Every repeat is a call of its own (its own task_id, for the logs, and its own Id
 so the executor grades each afresh: a stored verdict would hide exactly the flakiness this looks
 for. Only a repeat's own retries after a lost reply are answered from the executor's store.
 
+It fails fast as ``dockyard grade`` does (``fleetcheck``): the reference patch of the first
+instance of each repository is graded first, and when none of those got a verdict for a reason
+every other grading would share (an unknown repository, a refused token, no executor), the run
+stops there with that reason instead of grading every instance into ``error``.
+
 Each check records the run conditions its gradings reported (CPUs, memory, uid, egress, time zone,
 interpreter, ...), every distinct set once, so an allowlist says what it was checked under.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..client import SandboxClient
 from ..protocol import TaskResult, task_is_broken
+from .fleetcheck import judge_scouts
 from .grade import run_parallel, run_with_retries
 from .progress import Progress
 from .report import category_of
@@ -103,8 +109,12 @@ def run_preflight(
     timeout: float | None = None,
     progress: Progress | None = None,
     rules: str = "strict",
+    before_sending: Callable[[], None] | None = None,
 ) -> list[InstanceCheck]:
-    """Grade reference and empty patches ``repeat`` times per instance; judge each instance."""
+    """Grade reference and empty patches ``repeat`` times per instance; judge each instance.
+
+    ``before_sending`` runs before the first grading (the CLI's fleet check); ``FleetUnusable``
+    from it, or from the first grading of each repository, ends the run before the rest."""
     no_reference = [iid for iid, inst in instances.items() if not (inst.get("patch") or "")]
     if no_reference:
         shown = ", ".join(no_reference[:10])
@@ -123,14 +133,29 @@ def run_preflight(
     categories = ("resolved", "unresolved", "error")
     progress = progress or Progress(len(jobs), categories, label="preflight")
 
+    # The scouts: each repository's first instance's first reference grading.
+    first_of_repo: dict[str, tuple[str, str, Any]] = {}
+    for job in jobs:
+        first_of_repo.setdefault(str(instances[job[0]].get("repo")), job)
+    scouts = list(first_of_repo.values())
+    scout_ids = {spec.task_id for _, _, spec in scouts}
+    scouted: list[dict[str, Any]] = []
+
     def grade_one(job: tuple[str, str, Any]) -> None:
         iid, kind, spec = job
         result, _ = run_with_retries(client, spec, max_error_retries)
         runs[iid][kind].append(result)
         progress.advance(category_of(result))
+        if spec.task_id in scout_ids:
+            scouted.append({"category": category_of(result), "error_code": result.error_code,
+                            "error": result.error})
 
+    if before_sending is not None:
+        before_sending()
     try:
-        run_parallel(grade_one, jobs, workers)
+        run_parallel(grade_one, scouts, workers)
+        judge_scouts(scouted)
+        run_parallel(grade_one, [job for job in jobs if job[2].task_id not in scout_ids], workers)
     finally:
         progress.finish()
     return [judge(iid, runs[iid]) for iid in instances]

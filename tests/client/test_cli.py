@@ -17,6 +17,7 @@ import pytest
 
 from sandbox_client.cli import main
 from task_executor.demo import BASE_FILES, TEST_FILES, DemoTask, diff_of
+from tests.executor.test_metrics import scrape
 
 from .conftest import RawServer, demo_instance, ranked
 
@@ -315,6 +316,46 @@ def test_preflight_twice_grades_every_repeat_both_times(
     log = (tmp_path / "fleet" / f"worker-{worker.index}" / "task_executor.log").read_text()
     graded = Counter(re.findall(r"task (twice@\S+) status=", log))
     assert graded == {"twice@preflight-reference-0": 2, "twice@preflight-empty-0": 2}
+
+
+def test_preflight_stops_after_one_grading_per_repository_when_every_repository_is_unknown(
+    executor: Any, demo_task: DemoTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong --repo-root fails fast, as in ``dockyard grade``: the reference of each of the two
+    repositories' first instance is graded, the other 2 x 2 x 3 - 2 gradings are never sent."""
+    instances = [demo_instance(demo_task, f"{repo}-{n}", repo=f"owner/{repo}")
+                 for repo in ("one", "two") for n in range(3)]
+    path = write_lines(tmp_path / "i.jsonl", instances)
+    before = submits(executor)
+    status = main(["preflight", "--instances", str(path), "--urls", executor.url,
+                   "--repeat", "2", "--repo-root", str(tmp_path / "no-such-root"),
+                   "--allowlist", str(tmp_path / "allow.txt")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "every instance's repository is unknown to the executors" in err
+    assert "--repo-root" in err
+    assert submits(executor) - before == 2
+    assert not (tmp_path / "allow.txt").exists()
+
+
+def submits(executor: Any) -> float:
+    """``POST /task/submit`` calls the executor answered, whatever the status."""
+    return sum(count for (name, labels), count in scrape(executor).items()
+               if name == "dockyard_http_requests_total"
+               and ("route", "/task/submit") in labels)
+
+
+def test_preflight_with_a_refused_token_sends_no_task(
+    executor_factory: Any, demo_task: DemoTask, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    guarded = executor_factory(token="right")
+    path = write_lines(tmp_path / "i.jsonl", [demo_instance(demo_task, "a")])
+    status = main(["preflight", "--instances", str(path), "--urls", guarded.url,
+                   "--token", "wrong", "--allowlist", str(tmp_path / "allow.txt")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "executors refused the token (401 unauthorized)" in err
 
 
 def test_preflight_needs_reference_patches(
