@@ -57,9 +57,10 @@ LogParser = Literal["pytest", "django", "unittest"]
 """Which test framework's results to collect."""
 
 TASK_FAULT_CODES = frozenset({"test_command_not_found", "test_runner_missing",
-                              "test_ids_not_found"})
+                              "test_ids_not_found", "test_patch_failed"})
 """``error_code`` of an ``execution_error`` that says the task itself is broken: without the
-agent's patch (the control run) its tests give no verdict either. So does every ``control_*``
+agent's patch (the control run) its tests give no verdict either, or its test patch does not
+apply to base_commit. So does every ``control_*``
 code (``control_tests_crashed``, ...). Retrying elsewhere will not help; fix or drop the task."""
 
 

@@ -36,7 +36,13 @@ from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
 from .diffs import split_patch
-from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
+from .patching import (
+    PATCH_STEP_TIMEOUT_S,
+    AgentPatchFailed,
+    PatchStepFailed,
+    TestPatchFailed,
+    apply_patches,
+)
 from .results import read_report
 
 log = logging.getLogger(__name__)
@@ -227,7 +233,9 @@ class Grader:
         except Exception as exc:
             log.exception("grading %s failed", job.task_id)
             result.status, result.resolved = "execution_error", None
-            result.error, result.error_code = f"internal error: {exc}", "internal_error"
+            # The type only: the message of an OSError names host paths (the log has it all).
+            result.error = f"internal error ({type(exc).__name__}; see the executor log)"
+            result.error_code = "internal_error"
         finally:
             if workspace is not None:
                 mark = time.monotonic()
@@ -257,13 +265,16 @@ class Grader:
         deny_network: bool,
     ) -> None:
         mark = time.monotonic()
+        step_timeout = min(PATCH_STEP_TIMEOUT_S, max(1.0, deadline - mark))
         try:
-            agent = apply_patches(workspace, job.patch, job.spec.test_patch)
+            agent = apply_patches(workspace, job.patch, job.spec.test_patch, step_timeout)
         except AgentPatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
         except TestPatchFailed as exc:
-            raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+            raise self._blame_for_test_patch(job, exc, log_parts) from exc
+        except PatchStepFailed as exc:
+            raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
         # git and patch ran with the workspace's credentials: what they wrote is its already.
@@ -309,6 +320,31 @@ class Grader:
             return workspace.template.key
         source = self.workspaces.mirrors.source_of(job.repo)
         return template_key(source, workspace.base_commit, job.setup, job.env)
+
+    def _blame_for_test_patch(
+        self, job: GradingJob, failure: TestPatchFailed, log_parts: list[str]
+    ) -> _Verdict:
+        """The test patch did not apply after the agent's: whose fault is that? The agent's
+        when it applies to base_commit alone, in a fresh tree of the same template (a patch may
+        fill the disk quota, or take the step's time, and must not earn "no verdict" by it);
+        else the task's."""
+        if job.patch.strip():
+            workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
+            try:
+                apply_patches(workspace, "", job.spec.test_patch)
+            except TestPatchFailed:
+                pass  # the task's: below
+            except PatchStepFailed as exc:
+                return _Verdict("execution_error", "sandbox_failed", str(exc))
+            else:
+                log_parts.append(f"[the test patch applies to base_commit alone, not after the "
+                                 f"agent's patch]\n{failure}\n")
+                return _Verdict("patch_apply_failed", "patch_blocks_test_patch",
+                                f"the test patch applies without the agent's patch, not after "
+                                f"it: {failure}")
+            finally:
+                workspace.destroy()
+        return _Verdict("execution_error", "test_patch_failed", f"test patch: {failure}")
 
     def _control_run(
         self, job: GradingJob, command: str, parser: str, deny_network: bool
@@ -380,6 +416,8 @@ def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
         apply_patches(workspace, "", job.spec.test_patch)
     except TestPatchFailed as exc:
         raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+    except PatchStepFailed as exc:
+        raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
 
 
 def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:

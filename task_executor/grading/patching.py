@@ -12,6 +12,7 @@ file API, so a planted symlink, FIFO or git config acts on nothing outside the w
 
 from __future__ import annotations
 
+import logging
 import stat
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -29,6 +30,8 @@ from .testconfig import (
     restore_test_sections,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
@@ -42,7 +45,16 @@ class AgentPatchFailed(PatchFailed):
 
 class TestPatchFailed(PatchFailed):
     """The gold test patch does not apply after the agent's (the task's, or a test path the
-    agent's patch made unresettable)."""
+    agent's patch made unresettable; the grader tells which)."""
+
+
+class PatchStepFailed(Exception):
+    """The sandboxed patch step never began its work (bubblewrap or the launcher failed, the
+    tree was missing): nobody's verdict, an infrastructure fault."""
+
+
+PATCH_STEP_TIMEOUT_S = 300.0
+"""The most one patch step may take (less when the task's wall clock has less left)."""
 
 
 @dataclass
@@ -74,15 +86,25 @@ done
 """
 
 
+# What the step's script says of itself. bubblewrap exits 1 when it cannot set the sandbox up,
+# the launcher 125, a missing tree 3: so the script's own failures use codes none of those
+# produce, and it marks in the scratch directory that it began (nothing of it is there when the
+# sandbox never started) and that the agent's patch applied (a step killed after that mark, by
+# the timeout or the kernel, died on the test patch; before it, on the agent's).
+_AGENT_FAILED, _RESET_FAILED, _TEST_FAILED = 11, 14, 15
+_STARTED, _AGENT_APPLIED = "started", "agent-applied"
+
+
 def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str | None,
-                test_paths: list[str], at_base: list[str]) -> None:
+                test_paths: list[str], at_base: list[str], timeout: float) -> None:
     """Apply the agent patch, then reset the test patch's paths and force-apply it, in one
     sandboxed step (git, then GNU patch with fuzz, as SWE-bench's harness does)."""
     inputs: dict[str, bytes] = {}
-    script = APPLY_FUNCTION
+    script = f': > "$DY_SCRATCH/{_STARTED}"\n' + APPLY_FUNCTION
     if agent_patch is not None:
         inputs["agent.diff"] = agent_patch.encode("utf-8", "surrogateescape")
-        script += 'apply_patch "$DY_SCRATCH/agent.diff" || exit 1\n'
+        script += f'apply_patch "$DY_SCRATCH/agent.diff" || exit {_AGENT_FAILED}\n'
+    script += f': > "$DY_SCRATCH/{_AGENT_APPLIED}"\n'
     if test_patch is not None:
         inputs["test.diff"] = test_patch.encode("utf-8", "surrogateescape")
         inputs["test-paths"] = b"".join(p.encode("utf-8", "surrogateescape") + b"\0"
@@ -94,20 +116,31 @@ def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str |
             script += (
                 'mapfile -d "" -t paths < "$DY_SCRATCH/checkout"\n'
                 'g read-tree "$DY_BASE" && g checkout "$DY_BASE" -- "${paths[@]}" '
-                '2>>"$DY_SCRATCH/errors" || exit 4\n'
+                f'2>>"$DY_SCRATCH/errors" || exit {_RESET_FAILED}\n'
             )
-        script += 'apply_patch "$DY_SCRATCH/test.diff" || exit 5\n'
-    outcome = run_in_tree(workspace, script, inputs=inputs, outputs=("errors",),
+        script += f'apply_patch "$DY_SCRATCH/test.diff" || exit {_TEST_FAILED}\n'
+    outcome = run_in_tree(workspace, script, inputs=inputs,
+                          outputs=("errors", _STARTED, _AGENT_APPLIED), timeout=timeout,
                           env={"DY_BASE": workspace.base_commit})
-    if outcome.exit_code == 0:
+    if outcome.exit_code == 0 and _AGENT_APPLIED in outcome.files:
         return
     errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
-    if outcome.exit_code == 1:
-        raise AgentPatchFailed((errors or outcome.output.strip())[-4000:]
-                               or "patch does not apply")
-    if outcome.exit_code == 4:
+    told = (errors or outcome.output.strip())[-4000:]
+    if _STARTED not in outcome.files:
+        # What bubblewrap said names host paths: the log gets it, the result does not.
+        log.error("the patch step's sandbox did not start (exit status %s): %s",
+                  outcome.exit_code, outcome.output.strip()[-2000:])
+        raise PatchStepFailed(f"the patch step's sandbox did not start (exit status "
+                              f"{outcome.exit_code}; the executor's log has its output)")
+    if outcome.timed_out:
+        told = f"applying took longer than {timeout:.0f} s"
+    elif outcome.exit_code not in (_AGENT_FAILED, _RESET_FAILED, _TEST_FAILED):
+        told = f"the patch step died (exit status {outcome.exit_code}): {told}"
+    if _AGENT_APPLIED not in outcome.files:
+        raise AgentPatchFailed(told or "patch does not apply")
+    if outcome.exit_code == _RESET_FAILED:
         raise TestPatchFailed(f"restoring test files to base failed: {errors[-2000:]}")
-    raise TestPatchFailed((errors or outcome.output.strip())[-4000:] or "patch does not apply")
+    raise TestPatchFailed(told or "patch does not apply")
 
 
 def _show_at(workspace: Workspace, path: str) -> str | None:
@@ -135,11 +168,13 @@ def _existing_at_base(workspace: Workspace, paths: list[str]) -> list[str]:
                    check=False).returncode == 0]
 
 
-def apply_patches(workspace: Workspace, patch_text: str, test_patch: str) -> AgentPatchOutcome:
+def apply_patches(workspace: Workspace, patch_text: str, test_patch: str,
+                  timeout: float = PATCH_STEP_TIMEOUT_S) -> AgentPatchOutcome:
     """Apply the agent's patch minus test configuration, then force the gold test patch
-    (AgentPatchFailed, TestPatchFailed) -- one sandboxed step for both (a launch costs tens of
-    milliseconds), with the test-configuring sections of setup.cfg / pyproject.toml put back
-    afterwards in the files the test patch leaves alone."""
+    (AgentPatchFailed, TestPatchFailed; PatchStepFailed when the sandbox never ran the step) --
+    one sandboxed step for both (a launch costs milliseconds), within ``timeout`` seconds, with
+    the test-configuring sections of setup.cfg / pyproject.toml put back afterwards in the files
+    the test patch leaves alone."""
     agent_text, agent_outcome, sectioned = None, AgentPatchOutcome(applied=False), set()
     if patch_text.strip():
         preamble, sections = split_patch(patch_text)
@@ -160,7 +195,7 @@ def apply_patches(workspace: Workspace, patch_text: str, test_patch: str) -> Age
         # Parents cleared in the tree that exist at base come back with the files under them.
         at_base = _existing_at_base(workspace, test_paths)
     if agent_text is not None or test_text is not None:
-        _apply_both(workspace, agent_text, test_text, test_paths, at_base)
+        _apply_both(workspace, agent_text, test_text, test_paths, at_base, timeout)
     reset = set(test_paths)
     for path in sorted(sectioned):
         # A file the test patch touches is base + test patch now: its sections are canonical.

@@ -5,11 +5,11 @@ marks every test passed, add ``-p no:...`` or ``--deselect`` to ``pytest.ini``, 
 ``[tool.pytest.ini_options]`` somewhere else. For the test run these files keep their base_commit
 content, whatever the agent did; what the agent changed is reported, not silently dropped.
 
-Whole files: conftest.py anywhere, pytest.ini, tox.ini, .coveragerc, and Python start-up hooks
-(sitecustomize.py, usercustomize.py, *.pth). Sections: the test-configuring tables of setup.cfg
-(``[tool:pytest]``, ``[pytest]``, ``[coverage:*]``, ``[tox*]``) and pyproject.toml
-(``[tool.pytest*]``, ``[tool.coverage*]``, ``[tool.tox*]``); the rest of those files is the
-agent's to change.
+Whole files: conftest.py anywhere, pytest.ini, pytest.toml (and their dot-named forms),
+tox.ini, .coveragerc, and Python start-up hooks (sitecustomize.py, usercustomize.py, *.pth).
+Sections: the test-configuring tables of setup.cfg (``[tool:pytest]``, ``[pytest]``,
+``[coverage:*]``, ``[tox*]``) and pyproject.toml (``[tool.pytest*]``, ``[tool.coverage*]``,
+``[tool.tox*]``); the rest of those files is the agent's to change.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ _WHOLE_FILE_NAMES = {
     "conftest.py",
     "pytest.ini",
     ".pytest.ini",
+    "pytest.toml",  # pytest 9 reads these two first, before pytest.ini
+    ".pytest.toml",
     "tox.ini",
     ".coveragerc",
     "sitecustomize.py",

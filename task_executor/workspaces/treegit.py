@@ -68,6 +68,7 @@ class StepOutcome:
     files: dict[str, bytes]
     """The scratch files the step was asked to hand back (missing ones are absent)."""
     output: str
+    timed_out: bool = False
 
 
 def run_in_tree(
@@ -117,7 +118,8 @@ def run_in_tree(
             for name in outputs:
                 if view.exists(name):
                     files[name] = view.read_bytes(name, max_output_bytes)
-        return StepOutcome(exit_code=outcome.exit_code, files=files, output=outcome.output)
+        return StepOutcome(exit_code=outcome.exit_code, files=files, output=outcome.output,
+                           timed_out=outcome.timed_out)
     finally:
         remove_tree(scratch)
 

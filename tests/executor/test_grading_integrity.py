@@ -23,6 +23,7 @@ def pytest_runtest_makereport(item, call):
 """
 
 CHEAT_PLUGIN = CHEAT_CONFTEST  # the same hook, as a plugin module a config file loads with -p
+PYTEST_TOML = '[pytest]\naddopts = ["-p", "cheat_plugin"]\n'
 
 
 def _cheat_patch(demo_task, files: dict[str, str]) -> str:
@@ -75,8 +76,12 @@ def test_conftest_cheat_works_when_it_is_part_of_the_base(executor, tmp_path, de
             "pyproject.toml": '[tool.pytest.ini_options]\naddopts = "-p cheat_plugin"\n',
         },
         {"cheat_plugin.py": CHEAT_PLUGIN, "sitecustomize.py": "import cheat_plugin\n"},
+        # pytest 9's own files (the image's pytest may be older: excluded all the same).
+        {"cheat_plugin.py": CHEAT_PLUGIN, "pytest.toml": PYTEST_TOML},
+        {"cheat_plugin.py": CHEAT_PLUGIN, ".pytest.toml": PYTEST_TOML},
     ],
-    ids=["conftest", "nested-conftest", "pytest.ini", "tox.ini", "setup.cfg", "pyproject", "site"],
+    ids=["conftest", "nested-conftest", "pytest.ini", "tox.ini", "setup.cfg", "pyproject", "site",
+         "pytest.toml", ".pytest.toml"],
 )
 def test_planted_test_configuration_is_excluded(executor, demo_task, planted):
     patch = _cheat_patch(demo_task, planted)
