@@ -258,9 +258,10 @@ def test_restart_after_sigkill_cleans_up_and_clients_never_see_a_wrong_verdict(
             thread, outcome = in_background(lambda s=session: s.exec("sleep 602", timeout=120))
             threads.append(thread)
             session_outcomes.append(outcome)
-        wait_for(lambda: sleeping(base, "60") == 18 and sleeping(base, "602") == 10, 60,
-                 "every grading and session command to be running")
-        assert sleeping(base, "601") == 10
+        # The daemons too: `setsid` forks before it execs `sleep`, after the exec that started it
+        # has answered (9 of 10 were still `setsid` once, under load).
+        wait_for(lambda: (sleeping(base, "60"), sleeping(base, "602"), sleeping(base, "601"))
+                 == (18, 10, 10), 120, "every grading, session command and daemon to be running")
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(timeout=10)
         for thread in threads:
