@@ -62,6 +62,11 @@ class Settings:
     disk_limit_bytes: int | None = 4 * 1024**3
     fsize_limit_bytes: int | None = 8 * 1024**3
     shm_bytes: int = 64 * 1024**2
+    all_workspaces_pids_limit: int | str | None = "auto"
+    """Processes of all workspaces together (``auto``: 80% of the host's process table)."""
+    all_workspaces_memory_limit_bytes: int | str | None = "auto"
+    """Memory of all workspaces together (``auto``: 80% of the host's, or of the executor's
+    container limit when that is lower)."""
 
     max_concurrent_tasks: int | None = None
 
@@ -110,6 +115,10 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"{name} must be positive (or unset)")
+        for name in ("all_workspaces_pids_limit", "all_workspaces_memory_limit_bytes"):
+            value = getattr(self, name)
+            if value != "auto" and value is not None and (not isinstance(value, int) or value <= 0):
+                problems.append(f"{name} must be positive, auto or none")
         if any(not d.startswith("/") for d in self.runtime_dirs):
             problems.append("runtime_dirs must be absolute paths")
         if problems:
@@ -134,6 +143,13 @@ def _optional_int(raw: str) -> int | None:
     if raw.strip().lower() in ("none", "off", "0", "unlimited"):
         return None
     return int(raw)
+
+
+def _limit_or_auto(raw: str) -> int | str | None:
+    """``auto`` (the default, derived from the host), an integer, or ``none`` for no limit."""
+    if raw.strip().lower() == "auto":
+        return "auto"
+    return _optional_int(raw)
 
 
 def _paths(raw: str) -> tuple[str, ...]:
@@ -172,6 +188,9 @@ _ENV = {
     "DOCKYARD_DISK_LIMIT_BYTES": ("disk_limit_bytes", _optional_int),
     "DOCKYARD_FSIZE_LIMIT_BYTES": ("fsize_limit_bytes", _optional_int),
     "DOCKYARD_SHM_BYTES": ("shm_bytes", int),
+    "DOCKYARD_ALL_WORKSPACES_PIDS_LIMIT": ("all_workspaces_pids_limit", _limit_or_auto),
+    "DOCKYARD_ALL_WORKSPACES_MEMORY_LIMIT_BYTES": ("all_workspaces_memory_limit_bytes",
+                                                   _limit_or_auto),
 }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+_UNLIMITED = {"pids": "max", "memory": "-1"}  # what cgroup v1 takes for "no limit"
 _LIMIT_FILES = {
     ("v1", "pids"): "pids.max", ("v1", "memory"): "memory.limit_in_bytes",
     ("v2", "pids"): "pids.max", ("v2", "memory"): "memory.max",
@@ -119,18 +120,26 @@ class Groups:
     """Makes per-workspace groups under ``dockyard-<executor id>`` in each hierarchy."""
 
     def __init__(self, controllers: frozenset[str], executor_id: str,
-                 pids_max: int | None, memory_bytes: int | None) -> None:
+                 pids_max: int | None, memory_bytes: int | None,
+                 all_pids: int | None = None, all_memory_bytes: int | None = None) -> None:
         self.limits = {"pids": pids_max, "memory": memory_bytes}
+        # The parent's own limit binds all its workspaces together (see ``host_budget``).
+        self.totals = {"pids": all_pids, "memory": all_memory_bytes}
         self.parents: dict[str, tuple[str, Path]] = {}
         for controller in controllers:
             where = _hierarchy(controller)
-            if where is not None and self.limits[controller] is not None:
+            if where is not None and (self.limits[controller] is not None
+                                      or self.totals[controller] is not None):
                 version, root = where
                 parent = root / f"dockyard-{executor_id}"
                 parent.mkdir(exist_ok=True)
                 if version == "v2":
                     with contextlib.suppress(OSError):
                         (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+                total = self.totals[controller]
+                (parent / _LIMIT_FILES[(version, controller)]).write_text(
+                    "max" if total is None and version == "v2"
+                    else str(total if total is not None else _UNLIMITED[controller]))
                 self.parents[controller] = (version, parent)
 
     @property
@@ -144,9 +153,9 @@ class Groups:
         for controller, (version, parent) in self.parents.items():
             directory = parent / name
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / _LIMIT_FILES[(version, controller)]).write_text(
-                str(self.limits[controller])
-            )
+            limit = self.limits[controller]
+            if limit is not None:
+                (directory / _LIMIT_FILES[(version, controller)]).write_text(str(limit))
             directories[controller] = directory
         return Group(directories)
 

@@ -3,6 +3,8 @@
     processes  a pids cgroup per workspace; else RLIMIT_NPROC, which counts per uid (every
                sandbox runs as one uid outside, so then the limit is shared by all of them)
     memory     a memory cgroup per workspace (tmpfs pages the workspace writes count too)
+    together   the parent groups of all workspaces: processes and memory of all of them (a share
+               of the host's by default, see ``host_budget``)
     disk       a size-limited tmpfs holding everything the workspace writes (its overlay upper,
                its /tmp and home, its copy-on-write runtime layers): ENOSPC past it, root or not
     file size  RLIMIT_FSIZE, inherited by every process
@@ -32,6 +34,10 @@ class Limits:
     disk_bytes: int | None = 4 * 1024**3
     fsize_bytes: int | None = 8 * 1024**3
     shm_bytes: int = 64 * 1024**2
+    all_pids: int | None = None
+    """Processes of all the executor's workspaces together (their parent pids cgroup)."""
+    all_memory_bytes: int | None = None
+    """Memory of all the executor's workspaces together (their parent memory cgroup)."""
 
     def prlimit_argv(self, nproc: bool) -> list[str]:
         """argv prefix setting the rlimits (RLIMIT_NPROC only when no pids cgroup binds)."""

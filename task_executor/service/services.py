@@ -17,7 +17,7 @@ from task_executor.config import Settings
 from task_executor.errors import ExecutorError
 from task_executor.grading.grader import REPORTER_DIR, Grader, owner_token, sandbox_env
 from task_executor.grading.task_registry import TaskRegistry
-from task_executor.sandbox import isolation
+from task_executor.sandbox import host_budget, isolation
 from task_executor.sandbox.capabilities import detect
 from task_executor.sandbox.cgroups import Groups
 from task_executor.sandbox.hostview import PRIVATE_TOP, HostView, build_host_view, host_view_argv
@@ -78,6 +78,10 @@ class Services:
             pids=settings.pids_limit, memory_bytes=settings.memory_limit_bytes,
             disk_bytes=settings.disk_limit_bytes, fsize_bytes=settings.fsize_limit_bytes,
             shm_bytes=settings.shm_bytes,
+            all_pids=host_budget.resolve(settings.all_workspaces_pids_limit,
+                                         host_budget.default_pids),
+            all_memory_bytes=host_budget.resolve(settings.all_workspaces_memory_limit_bytes,
+                                                 host_budget.default_memory_bytes),
         )
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
         hide = isolation.hidden_paths(settings.base_dir, executor_paths())
@@ -106,11 +110,13 @@ class Services:
         executor_id = owner_token(settings.base_dir)
         groups = None
         if capabilities.cgroup_controllers:
-            groups = Groups(capabilities.cgroup_controllers, executor_id,
-                            pids_max=limits.pids, memory_bytes=limits.memory_bytes)
-            groups.remove_all()  # what a crashed predecessor left
-            groups = Groups(capabilities.cgroup_controllers, executor_id,
-                            pids_max=limits.pids, memory_bytes=limits.memory_bytes)
+            def make_groups() -> Groups:
+                return Groups(capabilities.cgroup_controllers, executor_id,
+                              pids_max=limits.pids, memory_bytes=limits.memory_bytes,
+                              all_pids=limits.all_pids, all_memory_bytes=limits.all_memory_bytes)
+
+            make_groups().remove_all()  # what a crashed predecessor left
+            groups = make_groups()
         runtime = None
         if capabilities.idmap and capabilities.overlay and settings.runtime_dirs:
             assert capabilities.sandbox_uid is not None

@@ -55,6 +55,15 @@ def sandbox_report(
                 limit=limits.fsize_bytes,
                 enforced_by="rlimit" if limits.fsize_bytes is not None else None,
             ),
+            "processes_all_workspaces": SandboxLimit(
+                limit=limits.all_pids if "pids" in controllers else None,
+                enforced_by="cgroup" if "pids" in controllers and limits.all_pids else None,
+            ),
+            "memory_all_workspaces": SandboxLimit(
+                limit=limits.all_memory_bytes if "memory" in controllers else None,
+                enforced_by="cgroup" if "memory" in controllers and limits.all_memory_bytes
+                else None,
+            ),
             "shm": SandboxLimit(
                 limit=limits.shm_bytes if caps.sandbox else None,
                 enforced_by="tmpfs" if caps.sandbox else None,

@@ -594,18 +594,11 @@ def _group_pids(token: str) -> int:
     return len(pids_carrying(f"{PROBE_VARIABLE}={token}".encode()))
 
 
-def test_a_fork_bomb_stops_at_the_pids_limit(executor_factory, demo_task):
-    executor = executor_factory(pids_limit=64)
-    sandbox = _require_sandbox(executor)
-    if sandbox["limits"]["processes"]["enforced_by"] != "cgroup":
-        pytest.skip("no pids cgroup here")
-    token = uuid.uuid4().hex
-    bomber = _start(executor, demo_task, env={PROBE_VARIABLE: token})
-    forked = _exec(executor, bomber, """python3 - <<'PY'
-import errno, os, time
+FORKS = """{{ python3 - {count} {hold} <<'PY'
+import errno, os, sys, time
 children, error = [], None
 try:
-    while len(children) < 1000:
+    while len(children) < int(sys.argv[1]):
         pid = os.fork()
         if pid == 0:
             time.sleep(600)
@@ -613,11 +606,24 @@ try:
         children.append(pid)
 except OSError as exc:
     error = errno.errorcode[exc.errno]
-print(len(children), error)
+print(len(children), error, flush=True)
+if sys.argv[2] == "hold":
+    time.sleep(600)
 for pid in children:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
-PY""")["output"].split()
+PY
+}}"""
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(executor_factory, demo_task):
+    executor = executor_factory(pids_limit=64)
+    sandbox = _require_sandbox(executor)
+    if sandbox["limits"]["processes"]["enforced_by"] != "cgroup":
+        pytest.skip("no pids cgroup here")
+    token = uuid.uuid4().hex
+    bomber = _start(executor, demo_task, env={PROBE_VARIABLE: token})
+    forked = _exec(executor, bomber, FORKS.format(count=1000, hold="no"))["output"].split()
     assert int(forked[0]) < 64 and forked[1] == "EAGAIN", forked
     with ProcessWatch(token) as watch:
         _exec(executor, bomber, "(timeout -s KILL 600 bash -c ':(){ :|:& };:' &) 2>/dev/null; "
@@ -630,6 +636,52 @@ PY""")["output"].split()
         assert executor.delete(f"/session/{bomber}").status_code == 200
         assert watch.alive() == []
     assert _exec(executor, other, "echo still fine")["output"] == "still fine\n"
+
+
+
+
+def test_workspaces_together_stop_at_the_executors_process_budget(executor_factory, demo_task):
+    """Each workspace below its own limit, all of them past the budget of all together: forks
+    fail wherever the budget runs out, and the host's process table stays out of reach (eight
+    workspaces at the default 4,096 each would fill a 32,768-pid table)."""
+    executor = executor_factory(pids_limit=64, all_workspaces_pids_limit=90)
+    sandbox = _require_sandbox(executor)
+    together = sandbox["limits"]["processes_all_workspaces"]
+    if together["enforced_by"] != "cgroup":
+        pytest.skip("no pids cgroup here")
+    assert together["limit"] == 90
+    token = uuid.uuid4().hex
+    first = _start(executor, demo_task, env={PROBE_VARIABLE: token})
+    second = _start(executor, demo_task)
+    with ProcessWatch(token) as watch:
+        held = _exec(executor, first, FORKS.format(count=55, hold="hold") + " >/dev/null 2>&1 &")
+        assert held["exit_code"] == 0
+        wait_until(lambda: _group_pids(token) >= 55)
+        forked = _exec(executor, second, FORKS.format(count=55, hold="no"))["output"].split()
+        assert int(forked[0]) < 55 and forked[1] == "EAGAIN", forked  # 55 + 55 > 90
+        assert executor.delete(f"/session/{first}").status_code == 200
+        assert watch.alive() == []
+    again = _exec(executor, second, FORKS.format(count=40, hold="no"))
+    assert again["output"].split()[:2] == ["40", "None"]  # the budget is back
+
+
+def test_workspaces_together_stop_at_the_executors_memory_budget(executor_factory, demo_task):
+    """A workspace below its own memory limit but past the budget of all workspaces together is
+    the one the kernel stops (killed inside the workspace's group); the executor goes on."""
+    executor = executor_factory(memory_limit_bytes=1024 * MiB,
+                                all_workspaces_memory_limit_bytes=128 * MiB)
+    sandbox = _require_sandbox(executor)
+    together = sandbox["limits"]["memory_all_workspaces"]
+    if together["enforced_by"] != "cgroup":
+        pytest.skip("no memory cgroup here")
+    assert together["limit"] == 128 * MiB
+    hog = _start(executor, demo_task)
+    grown = _exec(executor, hog, "python3 -c 'b = b\"x\" * (400 * 1024 * 1024); "
+                                 "print(\"HE\" + \"LD\")'; echo exit=$?")
+    assert "HELD" not in grown["output"] and "exit=137" in grown["output"], grown
+    assert executor.get("/health").status_code == 200
+    other = _start(executor, demo_task)
+    assert _exec(executor, other, "echo fine")["output"] == "fine\n"
 
 
 def test_the_disk_quota_binds_root_and_spares_the_host(executor_factory, demo_task):

@@ -1,0 +1,68 @@
+"""How much of the host all workspaces together may use: the default budgets of their parent
+cgroups.
+
+Each workspace's own limits (4,096 processes, 8 GiB of memory with its tmpfs disk in it) bind one
+workspace, and there may be a thousand: 64 sessions at their memory limit ask for 512 GiB of a
+24 GiB host, and eight fork bombs at their process limit fill a 32,768-pid table. Either takes
+the host down, the executor with it, for every tenant at once. So the parent group of all of an
+executor's workspaces has a limit too, by default a share of what the host (or the executor's own
+container) has: past it the kernel refuses forks, or reclaims and OOM-kills inside the
+workspaces, never outside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+SHARE = 0.8
+"""Of the host's (or the executor's container's) memory and process table."""
+
+
+def _meminfo_total() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _own_memory_limit() -> int | None:
+    """The memory limit of the cgroup this process is in (v1 or v2), if one is set."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "" or "memory" in controllers.split(","):
+                base = Path("/sys/fs/cgroup") / ("memory" if controllers else "")
+                for name in ("memory.max", "memory.limit_in_bytes"):
+                    limit = base / path.lstrip("/") / name
+                    if limit.exists():
+                        raw = limit.read_text().strip()
+                        if raw != "max" and int(raw) < 2**60:
+                            return int(raw)
+    return None
+
+
+def _int_file(path: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path(path).read_text().split()[0])
+    return None
+
+
+def default_memory_bytes() -> int | None:
+    """80% of the host's memory, or of the executor's container limit when that is lower."""
+    known = [v for v in (_meminfo_total(), _own_memory_limit()) if v is not None]
+    return int(min(known) * SHARE) if known else None
+
+
+def default_pids() -> int | None:
+    """80% of the host's process table (pid_max, or threads-max when that is lower)."""
+    known = [v for v in (_int_file("/proc/sys/kernel/pid_max"),
+                         _int_file("/proc/sys/kernel/threads-max")) if v is not None]
+    return int(min(known) * SHARE) if known else None
+
+
+def resolve(setting: int | str | None, default: Callable[[], int | None]) -> int | None:
+    """A configured budget: ``auto`` is ``default()``, None no limit, a number itself."""
+    return default() if setting == "auto" else setting  # type: ignore[return-value]
