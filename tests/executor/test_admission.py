@@ -228,3 +228,30 @@ def test_the_executor_refuses_to_start_when_the_limits_do_not_fit(capsys, monkey
     assert main(["serve"]) == 2
     error = capsys.readouterr().err
     assert "invalid configuration" in error and "need 22 threads" in error
+
+
+# -- DELETE of a busy session ---------------------------------------------------------------------
+
+
+def test_delete_of_a_session_running_a_long_command_ends_it_instead_of_waiting(
+    small, demo_task, shared_dir
+):
+    # DELETE runs on a thread kept for short calls: waiting out an agent's command there would
+    # let a few DELETEs of busy sessions hold the reserve, and /health with it.
+    release = shared_dir / "release"  # never created: only a kill ends the command
+    session = _start(small, demo_task)
+    holder = Held(small, session, release)
+    wait_until(lambda: _load(small)["execs_running"] == 1, timeout=GUARD_S)
+    closed = small.delete(f"/session/{session}")
+    assert closed.status_code == 200, closed.text
+    holder.thread.join(timeout=GUARD_S)
+    assert holder.answer is not None
+    if holder.answer.status_code == 200:  # the command was running: it was killed, not finished
+        result = holder.answer.json()
+        assert result["error"] == "session closed while the command ran", result
+        assert "released" not in result["output"]
+    else:  # closed before the command started
+        assert holder.answer.json()["error"]["code"] == "session_not_found", holder.answer.text
+    assert small.get(f"/session/{session}").status_code == 404
+    assert _load(small)["execs_running"] == 0
+    assert small.work_dirs() == []
