@@ -520,7 +520,9 @@ class HealthResponse(_Response):
     check_s: float = Field(description="Seconds the trivial command took.")
     capabilities: HealthCapabilities
     load: dict[str, float] = Field(
-        default_factory=dict, description="Tasks running, capacity, sessions, load average."
+        default_factory=dict,
+        description="Gradings running and allowed, long session calls running and allowed, "
+        "sessions live and allowed, load average.",
     )
 
 

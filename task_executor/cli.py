@@ -16,9 +16,6 @@ from task_executor.config import Settings, settings_from_env
 
 log = logging.getLogger("task_executor")
 
-# Waitress threads beyond the grading capacity, so /health and light calls are never starved.
-_WAITRESS_SPARE_THREADS = 2
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="task-executor", description=__doc__)
@@ -84,11 +81,14 @@ def serve(settings: Settings) -> None:
         flush=True,
     )
     log.info(
-        "serving on %s:%s with %d threads, grading capacity %d",
+        "serving on %s:%s with %d threads: %d for gradings, %d for long session calls, %d kept "
+        "for /health and short calls",
         server.effective_host,
         server.effective_port,
         settings.threads,
         settings.max_tasks,
+        settings.max_execs,
+        settings.threads - settings.max_tasks - settings.max_execs,
     )
     lifecycle.serve_until_stopped(server, app)
     base_dir_lock.close()

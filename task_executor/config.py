@@ -8,6 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+RESERVED_THREADS = 2
+"""Waitress threads no grading or long session call may take: /health, DELETE, state, file
+reads and writes, /metrics and every refusal (401, 404, 409, 429) run on them, and all of
+those end in a bounded time."""
+
 
 def _default_base_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "dockyard")
@@ -69,17 +74,44 @@ class Settings:
     container limit when that is lower)."""
 
     max_concurrent_tasks: int | None = None
+    max_concurrent_execs: int | None = None
 
     @property
     def max_tasks(self) -> int:
-        """Gradings allowed at once: as configured, else two per CPU; never more than the
-        threads minus two kept free for /health and sessions.
+        """Gradings allowed at once (submit and finish): as configured, else two per CPU; never
+        more than the threads leave beside the session calls and the reserve.
 
         Thirty test suites on two cores starve everything else on the machine (the load
         benchmark saw /health pass 2 s); refusing with 429 lets the client go elsewhere.
         """
         wanted = self.max_concurrent_tasks or 2 * (os.cpu_count() or 1)
-        return max(1, min(wanted, self.threads - 2))
+        if self.max_concurrent_execs is not None:
+            room = self._long_call_threads - self.max_concurrent_execs
+        elif self.max_concurrent_tasks:
+            room = self._long_call_threads - 1  # the operator's number; sessions keep one
+        else:
+            # Neither configured: sessions keep a quarter, so a many-core machine's two per CPU
+            # cannot leave agents' commands a single thread.
+            room = self._long_call_threads - max(1, self._long_call_threads // 4)
+        return max(1, min(wanted, room))
+
+    @property
+    def max_execs(self) -> int:
+        """Session calls that may run long allowed at once (exec, and start, fork, reset and
+        snapshot, which build or copy a tree): as configured, else every thread the gradings
+        and the reserve leave.
+
+        Each holds a waitress thread for as long as the agent's command (or the setup) runs;
+        unbounded, 32 sleeping commands held every thread and /health, DELETE and every other
+        tenant's grading waited for them.
+        """
+        if self.max_concurrent_execs is not None:
+            return self.max_concurrent_execs
+        return max(1, self._long_call_threads - self.max_tasks)
+
+    @property
+    def _long_call_threads(self) -> int:
+        return self.threads - RESERVED_THREADS
 
     def with_overrides(self, **overrides: object) -> Settings:
         """A copy with the non-None overrides applied (CLI flags beat the environment)."""
@@ -92,8 +124,7 @@ class Settings:
         problems = []
         if not 0 <= self.port <= 65535:
             problems.append(f"port {self.port} is out of range")
-        if self.threads < 1:
-            problems.append("threads must be at least 1")
+        problems.extend(self._thread_budget_problems())
         if self.max_log_bytes < 1024:
             problems.append("max_log_bytes must be at least 1024")
         for name in ("task_timeout", "command_timeout", "session_idle_timeout", "result_ttl"):
@@ -124,6 +155,31 @@ class Settings:
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _thread_budget_problems(self) -> list[str]:
+        """Gradings, long session calls and the reserve must all fit in the waitress threads:
+        a long call that found no thread would wait, and /health and DELETE with it."""
+        floor = RESERVED_THREADS + 2  # one grading, one session call
+        if self.threads < floor:
+            return [
+                f"threads must be at least {floor} (one grading, one session call and "
+                f"{RESERVED_THREADS} kept for /health and short calls), not {self.threads}"
+            ]
+        execs = self.max_concurrent_execs
+        if execs is None:
+            return []
+        if execs < 1:
+            return ["max_concurrent_execs (DOCKYARD_MAX_CONCURRENT_EXECS) must be at least 1"]
+        tasks = self.max_concurrent_tasks or 1  # derived gradings shrink to fit, to one at least
+        gradings = f"{tasks} gradings" if self.max_concurrent_tasks else "at least 1 grading"
+        if tasks + execs + RESERVED_THREADS > self.threads:
+            return [
+                f"{gradings} (DOCKYARD_MAX_TASKS) + {execs} long session calls "
+                f"(DOCKYARD_MAX_CONCURRENT_EXECS) + {RESERVED_THREADS} threads kept for /health "
+                f"and short calls need {tasks + execs + RESERVED_THREADS} threads, but threads "
+                f"(DOCKYARD_TASK_EXECUTOR_THREADS) is {self.threads}"
+            ]
+        return []
 
 
 def _tristate(raw: str) -> bool | None:
@@ -167,6 +223,7 @@ _ENV = {
     "DOCKYARD_MAX_LOG_BYTES": ("max_log_bytes", int),
     "DOCKYARD_RESULT_TTL": ("result_ttl", float),
     "DOCKYARD_MAX_TASKS": ("max_concurrent_tasks", int),
+    "DOCKYARD_MAX_CONCURRENT_EXECS": ("max_concurrent_execs", int),
     "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),
     "DOCKYARD_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
     "DOCKYARD_COMMAND_TIMEOUT": ("command_timeout", float),

@@ -14,12 +14,15 @@ from task_executor.errors import OverCapacity
 
 
 class Slots:
-    """``limit`` slots; ``hold()`` takes one or raises OverCapacity at once."""
+    """``limit`` slots; ``hold()`` takes one or raises OverCapacity (``code``) at once."""
 
-    def __init__(self, limit: int, what: str, retry_after: int = 2) -> None:
+    def __init__(
+        self, limit: int, what: str, retry_after: int = 2, code: str = "over_capacity"
+    ) -> None:
         self.limit = limit
         self.what = what
         self.retry_after = retry_after
+        self.code = code
         self._in_use = 0
         self._lock = threading.Lock()
 
@@ -34,6 +37,7 @@ class Slots:
                 raise OverCapacity(
                     f"all {self.limit} {self.what} slots are busy; retry later",
                     retry_after=self.retry_after,
+                    code=self.code,
                 )
             self._in_use += 1
         try:

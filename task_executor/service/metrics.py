@@ -155,6 +155,16 @@ class _LiveState(Collector):
         yield _gauge(
             "dockyard_task_capacity", "Gradings allowed at once.", services.task_slots.limit
         )
+        yield _gauge(
+            "dockyard_execs_running",
+            "Long session calls running (exec, start, fork, reset, snapshot).",
+            services.exec_slots.in_use,
+        )
+        yield _gauge(
+            "dockyard_exec_capacity",
+            "Long session calls allowed at once.",
+            services.exec_slots.limit,
+        )
         yield _gauge("dockyard_sessions_live", "Live sessions.", services.sessions.live)
         yield _gauge(
             "dockyard_session_capacity", "Sessions allowed at once.", services.settings.max_sessions

@@ -57,6 +57,7 @@ class Services:
     workspaces: WorkspaceFactory
     grader: Grader
     task_slots: Slots
+    exec_slots: Slots
     registry: TaskRegistry
     sessions: SessionManager
 
@@ -157,5 +158,8 @@ class Services:
             grader=grader,
             sessions=SessionManager(settings, workspaces, grader),
             task_slots=Slots(settings.max_tasks, "grading"),
+            # Most commands take well under a second: the caller is asked back soon.
+            exec_slots=Slots(settings.max_execs, "long session call", retry_after=1,
+                             code="executor_busy"),
             registry=TaskRegistry(ttl=settings.result_ttl),
         )

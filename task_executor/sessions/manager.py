@@ -37,6 +37,7 @@ from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFac
 
 from .capture import capture_patch
 from .files import FileBytes, read_file, write_file
+from .runner import SessionClosed as ShellClosed
 from .runner import ShellSession
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,10 @@ class SessionManager:
 
     def close(self, session_id: str) -> None:
         session = self._pop(session_id)
+        # A running command ends now rather than being waited out: DELETE runs on one of the
+        # threads kept for short calls, which an agent's `sleep 300` must not hold. (The shell
+        # closes safely under a running command; its exec answers that the session closed.)
+        session.shell.close()
         with session.lock:
             self._dispose(session)
 
@@ -186,6 +191,8 @@ class SessionManager:
             yield session
             if touch:
                 session.last_used = time.monotonic()
+        except ShellClosed:  # a DELETE closed the shell under this call
+            raise NotFound(f"session {session_id!r} was closed", code="session_not_found") from None
         finally:
             session.lock.release()
 

@@ -152,6 +152,7 @@ class ShellSession:
         self._env = {**env, reaper.MARKER_VAR: self._marker}
         self._lock = threading.Lock()
         self._closed = False
+        self._closing = threading.Lock()  # two closes at once (DELETE, reset) free fds once
         self._suspect = False
         self._sids: set[int] = set()
         self._shell: _Shell | None = None
@@ -234,6 +235,7 @@ class ShellSession:
         """The shell state as of the last completed command (variables, exports, functions,
         aliases, shopt), in the form ``restore`` takes."""
         with self._lock:
+            self._check_open()  # closed under a fork: its fds are gone, maybe reused
             self._ping(within=2.0)  # answered once the last command's snapshot is written
             return self._latest_state()
 
@@ -250,10 +252,12 @@ class ShellSession:
             self._shell = self._spawn(cwd or self._initial_cwd)
 
     def close(self) -> None:
-        """Kill every process of the session and close every fd; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Kill every process of the session and close every fd; idempotent, and safe from
+        another thread while a command runs."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         # Kill first, without the lock, so that a running command ends now (its run() then
         # sees the shell die and returns); then, holding the lock, sweep again and free fds.
         self._sweep(grace=KILL_GRACE_S)

@@ -124,7 +124,7 @@ def test_fleet_up_reports_an_executor_that_exits(tmp_path: Path) -> None:
     result = run_fleet("--base-port", "0", "--base-dir", str(tmp_path), "--threads", "-1")
     assert result.returncode == 1
     assert re.search(r"executor \d exited with status 2", result.stderr)
-    assert "threads must be at least 1" in result.stderr  # the executor's own words
+    assert "threads must be at least 4" in result.stderr  # the executor's own words
     assert "DOCKYARD_SANDBOX_URLS" not in result.stdout
 
 

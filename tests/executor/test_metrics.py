@@ -149,6 +149,7 @@ class _Templates:
 def _services(templates: object | None) -> SimpleNamespace:
     return SimpleNamespace(
         task_slots=SimpleNamespace(in_use=1, limit=4),
+        exec_slots=SimpleNamespace(in_use=3, limit=5),
         sessions=SimpleNamespace(live=2),
         settings=SimpleNamespace(max_sessions=8),
         workspaces=SimpleNamespace(templates=templates),
@@ -163,6 +164,8 @@ def test_template_cache_stats_are_reported_when_there_is_a_cache(caplog):
     assert value(with_cache, "dockyard_template_disk_bytes") == 4096
     assert value(with_cache, "dockyard_templates") == 2
     assert value(with_cache, "dockyard_tasks_running") == 1
+    assert value(with_cache, "dockyard_execs_running") == 3
+    assert value(with_cache, "dockyard_exec_capacity") == 5
 
     without = parse(ExecutorMetrics(_services(None), dict).exposition().decode())
     assert not any(name.startswith("dockyard_template") for name, _ in without)

@@ -202,7 +202,8 @@ def test_unknown_route_and_wrong_method_are_json(executor):
 
 
 def test_concurrent_tasks_on_the_same_repo(executor_factory, demo_task):
-    executor = executor_factory(threads=10, max_concurrent_tasks=8)
+    # Eight gradings, one long session call, two threads kept for /health and short calls.
+    executor = executor_factory(threads=11, max_concurrent_tasks=8)
     bodies = [demo_task.request(f"c{i}", demo_task.gold_patch if i % 2 else "") for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda b: executor.submit(b).json(), bodies))
@@ -240,7 +241,7 @@ def test_token_never_reaches_code_under_test(executor_factory, tmp_path):
 
 
 def test_over_capacity_is_429_and_health_stays_fast(executor_factory, tmp_path):
-    busy = executor_factory(threads=3)  # one grading slot, two threads kept spare
+    busy = executor_factory(threads=4)  # one grading, one session call, two threads kept spare
     body = _task_with_test(tmp_path, "import time\ndef test_it():\n    time.sleep(3)\n")
     first = threading.Thread(target=busy.submit, args=(body,))
     first.start()

@@ -177,7 +177,8 @@ def test_the_token_leaves_argv_and_environ_and_the_pid_stays(tmp_path, executors
     else:
         assert tail == ["--token-file", str(secret)]
     health = requests.get(executor.url + "/health", timeout=10).json()
-    assert health["load"]["task_capacity"] == 2  # --threads 4 reached the new image
+    # --threads 4 reached the new image: one grading, one long session call, two kept.
+    assert (health["load"]["task_capacity"], health["load"]["exec_capacity"]) == (1, 1)
     log = (base / "task_executor.log").read_text()
     assert "process made non-dumpable" in log
     assert TOKEN not in log

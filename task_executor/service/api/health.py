@@ -46,6 +46,8 @@ def health() -> dict:
         load={
             "tasks_running": services.task_slots.in_use,
             "task_capacity": services.task_slots.limit,
+            "execs_running": services.exec_slots.in_use,
+            "exec_capacity": services.exec_slots.limit,
             "sessions": services.sessions.live,
             "session_capacity": services.settings.max_sessions,
             "loadavg_1m": os.getloadavg()[0],

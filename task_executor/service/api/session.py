@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 from flask import Blueprint, Response, current_app, request
 
 from sandbox_client.protocol import (
@@ -26,6 +28,13 @@ def _services():  # type: ignore[no-untyped-def]
     return current_app.extensions["dockyard"]
 
 
+def _long_call() -> AbstractContextManager[None]:
+    """A slot for a call that holds its thread as long as a command or a setup runs, taken
+    before anything runs: full, the call is refused (429 executor_busy) and never waits on a
+    thread that /health, DELETE and the gradings need."""
+    return _services().exec_slots.hold()
+
+
 def _path_argument() -> str:
     path = request.args.get("path")
     if not path:
@@ -36,13 +45,15 @@ def _path_argument() -> str:
 @blueprint.post("/start")
 def start() -> dict:
     spec = parse_body(SessionStartSpec)
-    return _services().sessions.start(spec).model_dump(mode="json")
+    with _long_call():
+        return _services().sessions.start(spec).model_dump(mode="json")
 
 
 @blueprint.post("/<session_id>/exec")
 def exec_command(session_id: str) -> Response:
     body = parse_body(ExecRequest)
-    result = _services().sessions.exec(session_id, body.command, body.timeout)
+    with _long_call():
+        result = _services().sessions.exec(session_id, body.command, body.timeout)
     observe_exec(result)
     # The hot path: pydantic's serializer writes the JSON directly, a third of the time of
     # model_dump() + Flask's encoder.
@@ -67,19 +78,22 @@ def write_file(session_id: str) -> dict:
 
 @blueprint.post("/<session_id>/reset")
 def reset(session_id: str) -> dict:
-    return _services().sessions.reset(session_id).model_dump(mode="json")
+    with _long_call():
+        return _services().sessions.reset(session_id).model_dump(mode="json")
 
 
 @blueprint.post("/<session_id>/snapshot")
 def snapshot(session_id: str) -> dict:
     body = parse_body(SnapshotRequest) if request.get_data() else SnapshotRequest()
-    return _services().sessions.snapshot(session_id, body.name).model_dump(mode="json")
+    with _long_call():
+        return _services().sessions.snapshot(session_id, body.name).model_dump(mode="json")
 
 
 @blueprint.post("/<session_id>/fork")
 def fork(session_id: str) -> dict:
     body = parse_body(ForkRequest) if request.get_data() else ForkRequest()
-    return _services().sessions.fork(session_id, body.snapshot).model_dump(mode="json")
+    with _long_call():
+        return _services().sessions.fork(session_id, body.snapshot).model_dump(mode="json")
 
 
 @blueprint.get("/<session_id>")
