@@ -80,7 +80,8 @@ class Services:
             shm_bytes=settings.shm_bytes,
         )
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
-        hide = isolation.hidden_paths(settings.base_dir, executor_paths())
+        hide = isolation.hidden_paths(settings.base_dir,
+                                      [*executor_paths(), *settings.hide_paths])
         if capabilities.sandbox:
             view = build_host_view(
                 settings.base_dir / "view", settings.base_dir, hide,
