@@ -91,7 +91,7 @@ class Services:
             if not view.prebuilt:
                 capabilities.missing["host_view"] = view.reason
         else:
-            view = HostView(host_view_argv(settings.base_dir), hide, prebuilt=False)
+            view = HostView(host_view_argv(settings.base_dir, hide), hide, prebuilt=False)
         sandbox = isolation.Sandbox(
             capabilities,
             fixed_path=fixed_path,
