@@ -5,7 +5,10 @@ and log file, waits until every one answers ``/health``, prints the ``DOCKYARD_S
 line a trainer needs, and then supervises: Ctrl-C, SIGTERM or SIGHUP stops them all, and so does
 the death of any one (a fleet silently short of a worker would rebuild that worker's templates
 elsewhere). Stopping signals each executor's process group and every process descended from it,
-waits, then kills what is left: no orphans.
+waits, then kills what is left: no orphans. The workers share nothing of their work: each
+keeps its mounts in a mount namespace of its own (every ``task-executor serve`` does), and
+:func:`worker_environment` gives each one's sandboxes a uid of their own and hides the whole
+fleet directory from every worker's code under test.
 
 The base directory defaults to one that stays: ``$XDG_CACHE_HOME/dockyard/fleet`` (else
 ``~/.cache/dockyard/fleet``), so templates and mirrors survive from one run to the next and
