@@ -14,10 +14,11 @@ host's mounts, later ones included, still show here; nothing mounted here propag
 the executor mounts is then invisible to the host and to every other executor, and goes with the
 namespace when the executor's processes are gone: a SIGKILL leaks no mount.
 
-The kernel refuses to unshare a filesystem context that threads share (EINVAL), so this happens
-while the process is single-threaded; an app built inside another process (the tests' in-process
-executors) never tries. Either way :func:`current` says which namespace is in force, and why,
-for ``/health``.
+A mount namespace belongs to a thread, not to the process: unshared with other threads running,
+only the calling one would move, and the executor would mount in two tables at once. So this
+happens while the process is single-threaded (it refuses otherwise), and an app built inside
+another process (the tests' in-process executors) never tries. Either way :func:`current` says
+which namespace is in force, and why, for ``/health``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def enter_private() -> ExecutorNamespace:
 
 
 def _enter() -> ExecutorNamespace:
+    threads = len(os.listdir("/proc/self/task"))  # the kernel's count: C threads too
+    if threads > 1:
+        return ExecutorNamespace(False, f"not entered: {threads} threads already run, and "
+                                 "unshare would move only the calling one")
     home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if _libc.unshare(_CLONE_NEWNS) != 0:
