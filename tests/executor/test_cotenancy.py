@@ -11,6 +11,7 @@ dirs side by side under /var/tmp (no /tmp: sandboxes have a private one, and the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -129,8 +130,27 @@ def test_an_executors_mounts_are_in_its_own_table_only_and_go_with_it(side_by_si
              f"{describe(owned_processes(base))} {mounts_anywhere(base)[:5]}")
 
 
-def test_an_in_process_executor_says_it_shares_its_hosts_mount_namespace(executor):
+def test_an_in_process_executor_reports_the_namespace_of_the_process_it_is_in(executor):
+    # This test session entered a private one (tests/conftest.py), where it could.
+    from task_executor.sandbox import executor_namespace
+
     sandbox = executor.get("/health").json()["capabilities"]["sandbox"]
+    assert sandbox["executor_mount_namespace"] == executor_namespace.current().kind
+
+
+def test_an_executor_built_inside_a_process_that_entered_none_says_so(tmp_path):
+    script = (
+        "import json, sys\n"
+        "from task_executor.config import Settings\n"
+        "from task_executor.service.app import create_app\n"
+        "app = create_app(Settings().with_overrides(base_dir=sys.argv[1]))\n"
+        "print(json.dumps(app.test_client().get('/health').json['capabilities']['sandbox']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "base")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    sandbox = json.loads(done.stdout.strip().splitlines()[-1])
     assert sandbox["executor_mount_namespace"] == "host"
     assert "not entered" in sandbox["missing"]["private_mount_namespace"]
 
