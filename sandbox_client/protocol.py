@@ -485,6 +485,12 @@ class SandboxReport(_Response):
     file_access: str = Field(
         default="", description="How the executor opens files in workspaces (kernel-confined)."
     )
+    executor_mount_namespace: Literal["private", "host"] = Field(
+        default="host",
+        description="Where the executor's own mounts (host view, workspaces) live: `private`, a "
+        "mount namespace of its own that neither the host nor another executor sees and that "
+        "goes with it; `host`, the host's table (`missing.private_mount_namespace` says why).",
+    )
     missing: dict[str, str] = Field(
         default_factory=dict, description="Guarantees this executor cannot give, and why."
     )

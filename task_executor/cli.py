@@ -65,13 +65,24 @@ def configure_logging(settings: Settings) -> None:
         root.addHandler(handler)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, private_mounts: bool = False) -> None:
+    """Serve until stopped; with ``private_mounts`` (the process's own entry point, still
+    single-threaded) in a mount namespace of the executor's own (see executor_namespace)."""
+    from task_executor.sandbox import executor_namespace
     from task_executor.service import lifecycle
     from task_executor.service.app import create_app
     from task_executor.service.server import make_server
 
     # Before the app exists: what a killed predecessor left must be gone before work starts.
+    # Still in the host's namespace, where a predecessor that had none left its mounts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
+    if private_mounts:  # before the app starts any thread, and before it mounts anything
+        entered = executor_namespace.enter_private()
+        if entered.private:
+            log.info("mounts: in a private mount namespace (invisible to the host and to "
+                     "other executors)")
+        else:
+            log.warning("mounts: in the host's mount namespace: %s", entered.reason)
     app = create_app(settings)
     server = make_server(app, settings)
     # Printed (and flushed) so scripts that start us on port 0 can learn the real port.
@@ -96,9 +107,11 @@ def serve(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI. With ``argv`` None this is the process's own entry point (the console
-    script, ``python -m task_executor``): the process makes itself non-dumpable and, when the
-    token came in argv or the environment, re-execs itself without it (see
-    :mod:`task_executor.hardening`). With an explicit ``argv`` (tests, embedding) it does neither.
+    script, ``python -m task_executor``): the process makes itself non-dumpable, when the
+    token came in argv or the environment re-execs itself without it (see
+    :mod:`task_executor.hardening`), and serves from a mount namespace of its own (see
+    :mod:`task_executor.sandbox.executor_namespace`). With an explicit ``argv`` (tests,
+    embedding) it does none of these.
     """
     entry_point = argv is None
     dumpable = hardening.make_undumpable() if entry_point else None  # before any token is read
@@ -135,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from task_executor.service.lifecycle import BaseDirInUse
 
     try:
-        serve(settings)
+        serve(settings, private_mounts=entry_point)
     except BaseDirInUse as exc:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2

@@ -62,6 +62,9 @@ class Settings:
     runtime_dirs: tuple[str, ...] = ("/usr/local", "/opt")
     """Host directories code under test sees copy-on-write per workspace (where idmapped
     mounts work; read-only otherwise)."""
+    hide_paths: tuple[str, ...] = ()
+    """More host directories code under test must not see, beside the base directory and the
+    executor's own (``dockyard fleet up`` names the directory of all its workers' base dirs)."""
     pids_limit: int | None = 4096
     memory_limit_bytes: int | None = 8 * 1024**3
     disk_limit_bytes: int | None = 4 * 1024**3
@@ -150,8 +153,9 @@ class Settings:
             value = getattr(self, name)
             if value != "auto" and value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"{name} must be positive, auto or none")
-        if any(not d.startswith("/") for d in self.runtime_dirs):
-            problems.append("runtime_dirs must be absolute paths")
+        for name in ("runtime_dirs", "hide_paths"):
+            if any(not d.startswith("/") for d in getattr(self, name)):
+                problems.append(f"{name} must be absolute paths")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -240,6 +244,7 @@ _ENV = {
     "DOCKYARD_REQUIRE_SANDBOX": ("require_sandbox", _tristate),
     "DOCKYARD_TASK_PATH": ("task_path", str),
     "DOCKYARD_RUNTIME_DIRS": ("runtime_dirs", _paths),
+    "DOCKYARD_HIDE_PATHS": ("hide_paths", _paths),
     "DOCKYARD_PIDS_LIMIT": ("pids_limit", _optional_int),
     "DOCKYARD_MEMORY_LIMIT_BYTES": ("memory_limit_bytes", _optional_int),
     "DOCKYARD_DISK_LIMIT_BYTES": ("disk_limit_bytes", _optional_int),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,18 @@ FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test session's own mounts (its in-process executors' views and workspaces) in a
+    private mount namespace, as every ``task-executor serve`` keeps its own: in the host's
+    table, another executor on the machine (another suite's, beside this one) copied them into
+    its host view, and a workspace whose root it held could not be removed (EBUSY). Entered
+    before any thread starts; where it cannot be (not root), the host's table it is."""
+    from task_executor.sandbox import executor_namespace
+
+    if os.geteuid() == 0:
+        executor_namespace.enter_private()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -64,6 +64,28 @@ def pids_carrying(entry: bytes) -> list[int]:
     return found
 
 
+def mounts_anywhere(root: Path) -> list[str]:
+    """Every mount table line, in any mount namespace on the machine, naming a path below
+    ``root`` (as mount point or in its options: an overlay's layers): an executor serving as its
+    own process keeps its mounts in a namespace of its own, which the test's table never shows."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    seen: set[str] = set()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            namespace = os.readlink(f"/proc/{name}/ns/mnt")
+            if namespace in seen:
+                continue
+            table = Path(f"/proc/{name}/mountinfo").read_text(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        seen.add(namespace)
+        found += [f"{namespace}: {line}" for line in table.splitlines() if prefix in line]
+    return found
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     """Poll ``condition`` until it holds; the timeout only turns a hang into a failure."""
     deadline = time.monotonic() + timeout

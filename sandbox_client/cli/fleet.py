@@ -5,7 +5,10 @@ and log file, waits until every one answers ``/health``, prints the ``DOCKYARD_S
 line a trainer needs, and then supervises: Ctrl-C, SIGTERM or SIGHUP stops them all, and so does
 the death of any one (a fleet silently short of a worker would rebuild that worker's templates
 elsewhere). Stopping signals each executor's process group and every process descended from it,
-waits, then kills what is left: no orphans.
+waits, then kills what is left: no orphans. The workers share nothing of their work: each
+keeps its mounts in a mount namespace of its own (every ``task-executor serve`` does), and
+:func:`worker_environment` gives each one's sandboxes a uid of their own and hides the whole
+fleet directory from every worker's code under test.
 
 The base directory defaults to one that stays: ``$XDG_CACHE_HOME/dockyard/fleet`` (else
 ``~/.cache/dockyard/fleet``), so templates and mirrors survive from one run to the next and
@@ -38,6 +41,8 @@ from ..errors import TaskExecutorError
 _LISTENING = re.compile(r"listening on (http://\S+)")
 _IN_USE = "Address already in use"
 ROOT_CACHE = Path("/var/cache/dockyard/fleet")
+DEFAULT_SANDBOX_UID = 64000
+"""The executor's own default (``DOCKYARD_SANDBOX_UID``): worker i's sandboxes get this + i."""
 
 
 def default_base_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
@@ -100,9 +105,28 @@ class Worker:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def worker_environment(index: int, base_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """Worker ``index``'s environment: ``environ`` with a sandbox uid of its own and the whole
+    fleet directory hidden from its code under test.
+
+    Co-hosted executors' sandboxes must share nothing: with one uid, root in one worker's
+    sandbox would own the files of another's trees (a copy-mode workspace, a template) wherever
+    it could reach them; and every worker's base dir sits in ``base_dir``, beside its own, where
+    a host view would show them (the worker hides only its own base dir). Raises ValueError
+    when ``DOCKYARD_SANDBOX_UID`` is not a number.
+    """
+    env = dict(environ)
+    first_uid = int(env.get("DOCKYARD_SANDBOX_UID") or DEFAULT_SANDBOX_UID)
+    env["DOCKYARD_SANDBOX_UID"] = str(first_uid + index)
+    hidden = [path for path in env.get("DOCKYARD_HIDE_PATHS", "").split(":") if path]
+    env["DOCKYARD_HIDE_PATHS"] = ":".join([*hidden, str(base_dir.resolve())])
+    return env
+
+
 def start_worker(
     index: int, host: str, port: int, base_dir: Path, token: str | None, threads: int | None
 ) -> Worker:
+    env = worker_environment(index, base_dir, os.environ)  # before anything is made
     work_dir = base_dir / f"worker-{index}"
     work_dir.mkdir(parents=True, exist_ok=True)
     log_path = base_dir / f"worker-{index}.log"
@@ -120,7 +144,6 @@ def start_worker(
     ]
     if threads:
         command += ["--threads", str(threads)]
-    env = dict(os.environ)
     if token:
         env["API_TOKEN"] = token  # not on the command line, where `ps` would show it
     # A fresh log per run: the base dir stays between runs, and the URL is read from this log.
@@ -279,6 +302,9 @@ def fleet_up(
             except OSError as exc:
                 print(f"dockyard fleet: cannot start executor {index}: {exc}", file=err)
                 return 1
+            except ValueError as exc:  # DOCKYARD_SANDBOX_UID that is not a number
+                print(f"dockyard fleet: DOCKYARD_SANDBOX_UID: {exc}", file=err)
+                return 2
         probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         with SandboxClient(f"http://{probe_host}:1", token=token, timeout=(1.0, 3.0)) as probe:
             try:

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups
+from . import cgroups, executor_namespace
 from .programs import host_program
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class Capabilities:
     """Idmapped bind mounts: runtime directories can be shown copy-on-write and writable."""
     cgroup_controllers: frozenset[str] = frozenset()
     """Controllers (``pids``, ``memory``) the executor can make a group per workspace in."""
+    private_mount_namespace: bool = False
+    """The executor's own mounts (host view, workspaces) live in a mount namespace of its own,
+    which neither the host nor another executor sees (see ``executor_namespace``)."""
     missing: dict[str, str] = field(default_factory=dict)
     """Why a capability is off, by name (for ``/health`` and the log)."""
 
@@ -220,6 +223,10 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
     for name in ("pids", "memory"):
         if name not in controllers:
             missing.setdefault(f"cgroup_{name}", "no writable cgroup hierarchy for it")
+    mount_namespace = executor_namespace.current()  # entered (or not) before the app was built
+    if not mount_namespace.private:
+        missing["private_mount_namespace"] = (
+            f"the executor's mounts are in the host's table ({mount_namespace.reason})")
     found = Capabilities(
         overlay=overlay,
         mount_namespace=bwrap is not None,
@@ -230,6 +237,7 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
         tmpfs_quota=tmpfs,
         idmap=idmap and bwrap is not None,
         cgroup_controllers=controllers,
+        private_mount_namespace=mount_namespace.private,
         missing=missing,
     )
     log.info("isolation capabilities: %s", found)

@@ -48,7 +48,7 @@ class HostView:
     """Why the view is not prebuilt (empty when it is)."""
 
 
-def host_view_argv(avoid: Path) -> tuple[str, ...]:
+def host_view_argv(avoid: Path, hidden: tuple[str, ...] = ()) -> tuple[str, ...]:
     """bwrap arguments showing the host read-only, entry by entry, without ever binding a
     directory that contains ``avoid`` (the base directory).
 
@@ -58,8 +58,14 @@ def host_view_argv(avoid: Path) -> tuple[str, ...]:
     top-level entry is bound on its own, and along the path to ``avoid`` the siblings are bound
     one level at a time; ``avoid`` itself is never shown. The set of entries is read once, at
     start: what appears later beside the base directory's ancestors is not seen by sandboxes.
+
+    A ``hidden`` directory met on the way (a sibling of the base directory or of an ancestor,
+    or an ancestor itself: the directory of every base dir of a fleet) is left out the same
+    way. Covered by a tmpfs instead, its binds would still be in the view, below the cover, and
+    every sandbox's mount table would name them (another executor's base dir).
     """
     target = os.path.realpath(avoid)
+    left_out = {target, *(os.path.realpath(path) for path in hidden)}
     argv: list[str] = ["--tmpfs", "/"]
 
     def show(directory: str) -> None:
@@ -71,7 +77,7 @@ def host_view_argv(avoid: Path) -> tuple[str, ...]:
             path = os.path.join(directory, entry)
             if directory == "/" and entry in PRIVATE_TOP:
                 continue
-            if path == target:
+            if path in left_out:
                 continue
             if os.path.islink(path):
                 argv.extend(["--symlink", os.readlink(path), path])
@@ -101,12 +107,13 @@ def build_host_view(
                    for kept in keep_hiding_below)
 
     try:
-        _build(view, host_view_argv(avoid), [p for p in hide if not below_kept(p)], mount_points)
+        _build(view, host_view_argv(avoid, hide), [p for p in hide if not below_kept(p)],
+               mount_points)
     except OSError as exc:
         _tear_down(view)
         reason = f"entry-by-entry host view ({exc})"
         log.warning("sandboxes show the host entry by entry, slower: %s", exc)
-        return HostView(host_view_argv(avoid), hide, prebuilt=False, reason=reason)
+        return HostView(host_view_argv(avoid, hide), hide, prebuilt=False, reason=reason)
     return HostView(("--ro-bind", str(view), "/"), tuple(p for p in hide if below_kept(p)),
                     prebuilt=True)
 

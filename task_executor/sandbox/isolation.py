@@ -218,8 +218,9 @@ def prepare_fixed_path(fixed_path: str | None, capabilities: Capabilities) -> st
 
 
 def hidden_paths(base_dir: Path, extra: list[str]) -> tuple[str, ...]:
-    """What code under test must not see: the base directory, the executor's own interpreter,
-    venv and code (``extra``), except system prefixes that the task's runtime shares."""
+    """What code under test must not see: the base directory, and ``extra`` (the executor's own
+    interpreter, venv and code, and ``DOCKYARD_HIDE_PATHS``), except system prefixes that the
+    task's runtime shares."""
     shared = {"/", "/usr", "/usr/local", "/bin", "/lib", "/opt", "/etc", "/var", "/home"}
     found = []
     for path in [str(base_dir), *extra]:

@@ -187,10 +187,12 @@ def unmount(path: Path) -> None:
     _libc.umount2(target, MNT_DETACH)
 
 
-def mounts_under(root: Path) -> list[str]:
-    """Mount points strictly below ``root`` in this mount namespace, in mount order."""
+def mounts_under(root: Path, pid: int | None = None) -> list[str]:
+    """Mount points strictly below ``root`` in this mount namespace (or in process ``pid``'s:
+    an executor serving as its own process keeps its mounts in a namespace of its own), in
+    mount order."""
     prefix = str(root.resolve()).rstrip("/") + "/"
-    with open("/proc/self/mountinfo", "rb") as f:
+    with open(f"/proc/{pid or 'self'}/mountinfo", "rb") as f:
         lines = f.read().splitlines()
     points = []
     for line in lines:

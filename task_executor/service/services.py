@@ -85,7 +85,8 @@ class Services:
                                                  host_budget.default_memory_bytes),
         )
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
-        hide = isolation.hidden_paths(settings.base_dir, executor_paths())
+        hide = isolation.hidden_paths(settings.base_dir,
+                                      [*executor_paths(), *settings.hide_paths])
         if capabilities.sandbox:
             view = build_host_view(
                 settings.base_dir / "view", settings.base_dir, hide,
@@ -95,7 +96,7 @@ class Services:
             if not view.prebuilt:
                 capabilities.missing["host_view"] = view.reason
         else:
-            view = HostView(host_view_argv(settings.base_dir), hide, prebuilt=False)
+            view = HostView(host_view_argv(settings.base_dir, hide), hide, prebuilt=False)
         sandbox = isolation.Sandbox(
             capabilities,
             fixed_path=fixed_path,

@@ -13,10 +13,15 @@ from pathlib import Path
 def remove_tree(path: Path) -> None:
     """Remove a directory even when the code under test made parts of it read-only."""
 
+    root = os.fspath(path)
+
     def make_writable_and_retry(function, failed_path, _exc_info):  # type: ignore[no-untyped-def]
         # chmod follows symlinks: only real directories and files of the tree are touched (the
-        # tree's processes are dead by now; a link swapped in must still lead nowhere).
-        for target in (os.path.dirname(failed_path), failed_path):
+        # tree's processes are dead by now; a link swapped in must still lead nowhere). The
+        # root's parent is not the tree's: made 0700 when the root could not go (EBUSY, a mount
+        # on it), BASE/work shut every later sandbox out (bwrap resolves binds as its uid).
+        parent = [] if os.fspath(failed_path) == root else [os.path.dirname(failed_path)]
+        for target in (*parent, failed_path):
             try:
                 if not stat.S_ISLNK(os.lstat(target).st_mode):
                     os.chmod(target, 0o700)

@@ -70,5 +70,6 @@ def sandbox_report(
             ),
         },
         file_access=confined.MODE,
+        executor_mount_namespace="private" if caps.private_mount_namespace else "host",
         missing=dict(caps.missing),
     )

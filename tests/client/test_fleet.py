@@ -79,6 +79,9 @@ def test_fleet_up_serves_and_stops_cleanly(
 
         results: list[TaskResult] = []
         with SandboxClient(urls) as client:
+            sandboxes = [client.health(url).capabilities.sandbox for url in urls]
+            uids = {sandbox.sandbox_uid for sandbox in sandboxes if sandbox is not None}
+            assert None in uids or len(uids) == 2  # co-hosted sandboxes never share a uid
             for i in range(2):
                 task = {**demo_task.request(f"f{i}", demo_task.gold_patch), "env": FAST_ENV}
                 assert client.run_task(task).status == "resolved"
@@ -109,11 +112,11 @@ def test_fleet_up_serves_and_stops_cleanly(
         stderr.close()
 
 
-def run_fleet(*args: str) -> subprocess.CompletedProcess[str]:
+def run_fleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sandbox_client", "fleet", "up", "--workers", "2", *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -227,3 +230,28 @@ def test_default_base_dir_for_root_avoids_a_home_the_sandbox_cannot_pass(tmp_pat
     assert default_base_dir({"HOME": str(opened)}, euid=0) == opened / ".cache/dockyard/fleet"
     assert default_base_dir({"HOME": str(closed)}, euid=0) == ROOT_CACHE
     assert default_base_dir({"HOME": str(closed)}, euid=1000) == closed / ".cache/dockyard/fleet"
+
+
+def test_each_worker_gets_a_sandbox_uid_of_its_own_and_the_fleet_dir_hidden(
+    tmp_path: Path,
+) -> None:
+    from sandbox_client.cli.fleet import worker_environment
+
+    fleet = tmp_path / "fleet"
+    first, third = worker_environment(0, fleet, {}), worker_environment(2, fleet, {})
+    assert (first["DOCKYARD_SANDBOX_UID"], third["DOCKYARD_SANDBOX_UID"]) == ("64000", "64002")
+    assert first["DOCKYARD_HIDE_PATHS"] == str(fleet)
+    given = worker_environment(1, fleet, {"DOCKYARD_SANDBOX_UID": "50000",
+                                          "DOCKYARD_HIDE_PATHS": "/srv/data"})
+    assert given["DOCKYARD_SANDBOX_UID"] == "50001"
+    assert given["DOCKYARD_HIDE_PATHS"] == f"/srv/data:{fleet}"  # the operator's kept
+
+
+def test_fleet_up_with_a_sandbox_uid_that_is_no_number_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    result = run_fleet("--base-port", "0", "--base-dir", str(tmp_path / "fleet"),
+                       DOCKYARD_SANDBOX_UID="many")
+    assert result.returncode == 2, result.stderr
+    assert "DOCKYARD_SANDBOX_UID" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "fleet").exists()  # refused before anything was made

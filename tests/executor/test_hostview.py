@@ -69,3 +69,24 @@ def test_hidden_directories_below_a_runtime_directory_stay_with_bubblewrap(base:
     view = build_host_view(base / "view", base, ("/usr/local/lib", "/opt/x"),
                            keep_hiding_below=("/usr/local",), mount_points=())
     assert view.prebuilt and view.hide == ("/usr/local/lib",)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_hidden_directory_on_the_way_to_the_base_dir_is_left_out_not_covered(hidden: bool):
+    """A fleet's directory holds every worker's base dir: covered by a tmpfs, the binds of the
+    other workers' dirs would still be below the cover, named in every sandbox's mount table."""
+    fleet = Path(tempfile.mkdtemp(prefix="dockyard-hostview-fleet-", dir="/var/tmp"))
+    base, neighbour = fleet / "worker-0", fleet / "worker-1"
+    (neighbour / "work").mkdir(parents=True)
+    base.mkdir()
+    try:
+        view = build_host_view(base / "view", base, (str(fleet),) if hidden else (),
+                               keep_hiding_below=(), mount_points=())
+        assert view.prebuilt, view.reason
+        seen = base / "view" / neighbour.relative_to("/")
+        assert (seen / "work").is_dir() is not hidden  # the control: shown when not hidden
+        assert bool(mounts_under(base / "view" / fleet.relative_to("/"))) is not hidden
+        assert (base / "view" / fleet.relative_to("/")).exists() is not hidden
+    finally:
+        unmount_under(fleet)
+        shutil.rmtree(fleet)

@@ -403,3 +403,25 @@ def test_a_sandbox_sharing_the_hosts_network_cannot_drive_the_executor(executor,
     assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
     # the executor itself still answers a caller on the same loopback
     assert executor.get(f"/session/{victim}").status_code == 200
+
+
+def test_a_tree_whose_root_cannot_go_leaves_its_parent_as_it_was(tmp_path):
+    """A workspace root with a mount still on it (EBUSY) made remove_tree chmod its parent,
+    BASE/work, to 0700: every later sandbox was refused its binds (bwrap: Permission denied)."""
+    from task_executor.sandbox.mounts import mount_tmpfs, unmount
+    from task_executor.workspaces.fsutil import remove_tree
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    work = tmp_path / "work"
+    tree = work / "ws-busy"
+    tree.mkdir(parents=True)
+    work.chmod(0o711)
+    mount_tmpfs(tree, 1 << 20)
+    try:
+        (tree / "file").write_text("x")
+        remove_tree(tree)
+        assert work.stat().st_mode & 0o7777 == 0o711
+        assert list(tree.iterdir()) == []  # what could go went
+    finally:
+        unmount(tree)
