@@ -1,0 +1,121 @@
+"""Tree states an agent can leave behind that the executor's own steps once could not handle,
+done for real through the routes: a session shell (root in its sandbox) makes files unreadable,
+plants FIFOs and sockets, nests directories past Python's recursion limit or past PATH_MAX, then
+finish, snapshot and DELETE are called over HTTP. Each state once answered 500 (no verdict, or
+host disk left behind); each must now give a verdict or a clear 4xx, and leave nothing behind.
+A sandbox that fails to start a step must stay no verdict (a retryable 503), never a verdict."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from task_executor.sandbox.mounts import mount_tmpfs, unmount
+from task_executor.workspaces.fsutil import remove_tree
+from tests.executor.test_file_attacks import _assert_no_host_path
+from tests.executor.test_sessions_api import _exec, _start
+
+MiB = 1024 * 1024
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs a root executor")
+
+
+def _require_sandbox(executor) -> dict:
+    sandbox = executor.get("/health").json()["capabilities"]["sandbox"]
+    if sandbox["tool"] != "bwrap":
+        pytest.skip(f"no bubblewrap sandbox here: {sandbox['missing']}")
+    return sandbox
+
+
+def _holders(executor) -> list[Path]:
+    return [p for p in executor.work_dirs() if p.name.startswith("ws-")]
+
+
+# ------------------------------------------------------------------ snapshot: deep trees
+
+
+def test_a_deep_tree_snapshots_counts_against_the_quota_and_deletes(executor_factory,
+                                                                    demo_task):
+    """Was a hole (host disk): a directory 1,200 deep made the snapshot's size walk (Python's
+    recursive rglob) raise RecursionError after the copy was made: 500, the copy kept on the
+    host disk and never counted, so every snapshot name added one; DELETE then failed in
+    shutil.rmtree and the holder stayed in BASE/work."""
+    executor = executor_factory(disk_limit_bytes=32 * MiB, runtime_dirs=())
+    sandbox = _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "d=deep; for i in $(seq 1200); do d=$d/a; done; mkdir -p $d && "
+                         "echo leaf > $d/f && head -c $((20 << 20)) /dev/urandom > blob")
+    first = executor.post(f"/session/{sid}/snapshot", json={"name": "s0"})
+    assert first.status_code == 200, first.text
+    assert first.json()["size_bytes"] >= 20 * MiB
+    [holder] = _holders(executor)
+    if sandbox["limits"]["disk"]["enforced_by"] == "tmpfs":
+        second = executor.post(f"/session/{sid}/snapshot", json={"name": "s1"})
+        assert second.status_code == 409, second.text
+        assert second.json()["error"]["code"] == "snapshot_quota_exceeded"
+        assert sorted(p.name for p in (holder / "snapshots").iterdir()) == ["s0"]
+    forked = executor.post(f"/session/{sid}/fork", json={"snapshot": "s0"})
+    assert forked.status_code == 200, forked.text
+    fork_id = forked.json()["session_id"]
+    assert _exec(executor, fork_id, "cat deep" + "/a" * 1200 + "/f")["output"] == "leaf\n"
+    for session in (fork_id, sid):
+        closed = executor.delete(f"/session/{session}")
+        assert closed.status_code == 200, closed.text
+    assert not holder.exists()
+    assert executor.work_dirs() == []
+
+
+def test_a_tree_too_deep_to_copy_is_a_clear_409_and_leaves_nothing(executor, demo_task):
+    """Deeper than PATH_MAX, `cp -a` cannot copy the tree: a clear 4xx naming why (no host
+    path), the partial copy removed, the session usable and removable."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    # 2,200 deep in two mkdir -p of 1,100 each: a path of 4,400 characters.
+    _exec(executor, sid, "d=$(printf 'a/%.0s' $(seq 1100)); mkdir deep && cd deep && "
+                         "mkdir -p $d && cd $d && mkdir -p $d && cd $d && echo leaf > f")
+    answer = executor.post(f"/session/{sid}/snapshot", json={"name": "s0"})
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["code"] == "snapshot_failed"
+    _assert_no_host_path(executor, answer)
+    [holder] = _holders(executor)
+    assert not (holder / "snapshots" / "s0").exists()
+    fork = executor.post(f"/session/{sid}/fork", json={})
+    assert fork.status_code == 409, fork.text
+    assert fork.json()["error"]["code"] == "snapshot_failed"
+    assert not any((holder / "forks").glob("*"))
+    assert _exec(executor, sid, "echo alive")["output"] == "alive\n"
+    assert executor.delete(f"/session/{sid}").status_code == 200
+    assert not holder.exists()
+
+
+# ------------------------------------------------------------------ remove_tree
+
+
+def test_remove_tree_never_changes_the_mode_of_what_holds_the_tree(tmp_path):
+    """Was a hole (every later sandbox refused): when the tree's root itself could not be
+    removed (here: a mount point), the retry chmodded os.path.dirname(root) -- the parent,
+    BASE/work -- to 0700, and the sandbox uid could no longer pass through it."""
+    parent = tmp_path / "work"
+    parent.mkdir()
+    parent.chmod(0o711)
+    tree = parent / "ws-1"
+    tree.mkdir()
+    try:
+        mount_tmpfs(tree, 1 * MiB, mode=0o755)
+    except OSError as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        (tree / "sub").mkdir()
+        (tree / "sub" / "f").write_text("x")
+        (tree / "sub").chmod(0)
+        remove_tree(tree)
+        assert stat.S_IMODE(parent.stat().st_mode) == 0o711
+        assert list(tree.iterdir()) == []  # everything the mount held went
+    finally:
+        unmount(tree)
+    remove_tree(tree)
+    assert not tree.exists()
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o711
