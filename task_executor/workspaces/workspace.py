@@ -120,10 +120,12 @@ class Workspace:
         """The environment of code under test in this workspace."""
         return self.factory.env_builder(self.visible_tmp, extra)
 
-    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> Launcher:
+    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = (),
+                 chdir: str | None = None) -> Launcher:
         return self.factory.sandbox.launcher(
             self.path, self.tmp, deny_network, group=self.group,
             binds=(*self.runtime_binds, *binds), args_dir=self.root, namespace=self.namespace,
+            chdir=chdir,
         )
 
     def destroy(self) -> None:
