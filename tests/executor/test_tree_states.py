@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 
 from task_executor.sandbox.mounts import mount_tmpfs, unmount
+from task_executor.sandbox.namespaces import Launcher
 from task_executor.workspaces.fsutil import remove_tree
+from task_executor.workspaces.workspace import Workspace
 from tests.executor.test_file_attacks import _assert_no_host_path
 from tests.executor.test_sessions_api import _exec, _start
 
 MiB = 1024 * 1024
+FIX = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
+SOCKET = "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.bind(\"{}\")'"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs a root executor")
 
@@ -30,8 +34,104 @@ def _require_sandbox(executor) -> dict:
     return sandbox
 
 
+def _finish(executor, sid: str, demo_task):
+    return executor.post(f"/session/{sid}/finish", json={
+        "test_patch": demo_task.test_patch, "fail_to_pass": demo_task.fail_to_pass,
+        "pass_to_pass": demo_task.pass_to_pass})
+
+
 def _holders(executor) -> list[Path]:
     return [p for p in executor.work_dirs() if p.name.startswith("ws-")]
+
+
+# ------------------------------------------------------------------ finish: odd entries
+
+
+@pytest.mark.parametrize(("odd", "new_files", "excluded"), [
+    # The fixed file itself unreadable: made readable again, its recorded mode unchanged.
+    ("chmod 000 calc/__init__.py && echo 'X = 1' > notes.py && chmod 000 notes.py",
+     ["notes.py"], []),
+    ("mkdir -p d/e && echo 'Y = 2' > d/e/y.py && chmod 000 d/e d", ["d/e/y.py"], []),
+    # The tree's root: bwrap could not enter it (exit 1, before any script ran).
+    ("chmod 000 .", [], []),
+    ("mkfifo pipe", [], ["pipe"]),
+    (SOCKET.format("sock"), [], ["sock"]),
+    # All at once, the FIFO and the socket inside a directory nobody may read.
+    ("mkdir -p d && mkfifo d/pipe && " + SOCKET.format("d/sock") + " && echo 'Y = 2' > d/y.py"
+     " && chmod 000 d/y.py d", ["d/y.py"], ["d/pipe", "d/sock"]),
+], ids=["unreadable-files", "unreadable-dirs", "unreadable-root", "fifo", "socket", "all-nested"])
+def test_finish_gives_a_verdict_whatever_the_agent_left_in_its_tree(executor, demo_task, odd,
+                                                                    new_files, excluded):
+    """Was a hole (no verdict): `git add -A` cannot index an unreadable file or directory, a
+    FIFO or a socket, and finish answered 500 internal_error, so the agent's failing session was
+    never graded. Now the tree's owner makes what it can readable (u+r files, u+rwx
+    directories: no u+x, so git records the modes it would have), special files are left out
+    and listed, and the gold fix in the tree resolves."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, f"{FIX} && {odd}")
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    finished = answer.json()
+    result = finished["result"]
+    assert result["status"] == "resolved", (result["status"], result["error"])
+    assert "+    return a + b" in finished["patch"]
+    assert "old mode" not in finished["patch"] and "100755" not in finished["patch"]
+    for name in new_files:
+        assert f"b/{name}\nnew file mode 100644" in finished["patch"], name
+    assert set(excluded) <= set(result["excluded_files"])
+    for name in excluded:
+        assert f"b/{name}" not in finished["patch"]
+    assert executor.get(f"/session/{sid}").status_code == 404
+    assert executor.work_dirs() == []
+
+
+def test_a_tree_git_cannot_read_after_fixing_is_a_verdict(executor, demo_task):
+    """A tree git still refuses once everything is readable (here the agent's .gitattributes
+    asks for an encoding its file is not in) is the agent's doing: a verdict, never no verdict.
+    It was 500 internal_error."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, f"{FIX} && printf '*.py working-tree-encoding=UTF-16\\n' > "
+                         ".gitattributes && printf '\\xd8\\x00' > odd.py")
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert (result["status"], result["resolved"]) == ("patch_apply_failed", False)
+    assert result["error_code"] == "capture_failed"
+    assert "UTF-16" in result["error"]
+    _assert_no_host_path(executor, answer)
+    assert executor.get(f"/session/{sid}").status_code == 404
+    assert executor.work_dirs() == []
+
+
+@pytest.mark.parametrize("exit_status", [1, 125])
+def test_a_capture_step_the_sandbox_never_started_is_no_verdict_and_keeps_the_session(
+        executor, demo_task, monkeypatch, exit_status):
+    """bwrap exits 1 on its own setup failures (and the wrapper 125): that is the executor's
+    failure, never the agent's. Read as "git failed" it would be a verdict (reward 0) for an
+    infrastructure fault; it is a retryable 503, and the session is kept for the retry."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, FIX)
+    real = Workspace.launcher
+
+    def failing(self, deny_network, binds=(), chdir=None):  # type: ignore[no-untyped-def]
+        # The step's argv: a launcher that fails as bwrap does, before the script runs.
+        launcher = real(self, deny_network, binds, chdir)
+        return Launcher(("/bin/sh", "-c", f"exit {exit_status}", "bwrap"), launcher.namespace)
+
+    monkeypatch.setattr(Workspace, "launcher", failing)
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "capture_unavailable"
+    assert int(answer.headers["Retry-After"]) > 0
+    _assert_no_host_path(executor, answer)
+    monkeypatch.undo()
+    assert _exec(executor, sid, "grep -c 'a + b' calc/__init__.py")["output"] == "1\n"
+    retried = _finish(executor, sid, demo_task)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["result"]["status"] == "resolved"
 
 
 # ------------------------------------------------------------------ snapshot: deep trees
