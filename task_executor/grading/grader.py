@@ -36,7 +36,7 @@ from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
 from .diffs import split_patch
-from .patching import AgentPatchFailed, TestPatchFailed, apply_patches
+from .patching import AgentPatchFailed, ApplyStepFailed, TestPatchFailed, apply_patches
 from .results import read_report
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,8 @@ class Grader:
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
         except TestPatchFailed as exc:
             raise _Verdict("execution_error", "test_patch_failed", f"test patch: {exc}") from exc
+        except ApplyStepFailed as exc:
+            raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
         # git and patch ran with the workspace's credentials: what they wrote is its already.

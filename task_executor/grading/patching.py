@@ -45,6 +45,11 @@ class TestPatchFailed(PatchFailed):
     agent's patch made unresettable)."""
 
 
+class ApplyStepFailed(Exception):
+    """The sandbox never started the apply step (bwrap's own exit 1, the wrapper's 125): the
+    executor's failure, which must never read as "the agent's patch does not apply"."""
+
+
 @dataclass
 class AgentPatchOutcome:
     applied: bool
@@ -101,6 +106,9 @@ def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str |
                           env={"DY_BASE": workspace.base_commit})
     if outcome.exit_code == 0:
         return
+    if not outcome.started:
+        raise ApplyStepFailed(f"the sandbox did not start the patch step "
+                              f"(exit status {outcome.exit_code})")
     errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
     if outcome.exit_code == 1:
         raise AgentPatchFailed((errors or outcome.output.strip())[-4000:]

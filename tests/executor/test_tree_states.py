@@ -105,6 +105,20 @@ def test_a_tree_git_cannot_read_after_fixing_is_a_verdict(executor, demo_task):
     assert executor.work_dirs() == []
 
 
+def _fail_tree_steps(monkeypatch, exit_status: int) -> None:
+    """Every step on a tree (git, patch: the launches that start in their scratch directory)
+    fails as bwrap does on its own setup failures, before the script runs."""
+    real = Workspace.launcher
+
+    def failing(self, deny_network, binds=(), chdir=None):  # type: ignore[no-untyped-def]
+        launcher = real(self, deny_network, binds, chdir)
+        if chdir is None:
+            return launcher  # shells and test runs start as ever
+        return Launcher(("/bin/sh", "-c", f"exit {exit_status}", "bwrap"), launcher.namespace)
+
+    monkeypatch.setattr(Workspace, "launcher", failing)
+
+
 @pytest.mark.parametrize("exit_status", [1, 125])
 def test_a_capture_step_the_sandbox_never_started_is_no_verdict_and_keeps_the_session(
         executor, demo_task, monkeypatch, exit_status):
@@ -114,14 +128,7 @@ def test_a_capture_step_the_sandbox_never_started_is_no_verdict_and_keeps_the_se
     _require_sandbox(executor)
     sid = _start(executor, demo_task)
     _exec(executor, sid, FIX)
-    real = Workspace.launcher
-
-    def failing(self, deny_network, binds=(), chdir=None):  # type: ignore[no-untyped-def]
-        # The step's argv: a launcher that fails as bwrap does, before the script runs.
-        launcher = real(self, deny_network, binds, chdir)
-        return Launcher(("/bin/sh", "-c", f"exit {exit_status}", "bwrap"), launcher.namespace)
-
-    monkeypatch.setattr(Workspace, "launcher", failing)
+    _fail_tree_steps(monkeypatch, exit_status)
     answer = _finish(executor, sid, demo_task)
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"]["code"] == "capture_unavailable"
@@ -132,6 +139,17 @@ def test_a_capture_step_the_sandbox_never_started_is_no_verdict_and_keeps_the_se
     retried = _finish(executor, sid, demo_task)
     assert retried.status_code == 200, retried.text
     assert retried.json()["result"]["status"] == "resolved"
+
+
+def test_a_patch_step_the_sandbox_never_started_is_no_verdict(executor, demo_task, monkeypatch):
+    """Was a hole (reward 0 for the executor's fault): the grading's apply step read exit 1 as
+    "the agent's patch does not apply", so a sandbox that failed to start made the gold patch
+    patch_apply_failed. It is execution_error (no verdict), code sandbox_failed."""
+    _require_sandbox(executor)
+    _fail_tree_steps(monkeypatch, 1)
+    result = executor.submit(demo_task.request("sandbox-down", demo_task.gold_patch)).json()
+    assert (result["status"], result["resolved"]) == ("execution_error", None), result
+    assert result["error_code"] == "sandbox_failed"
 
 
 # ------------------------------------------------------------------ snapshot: deep trees
