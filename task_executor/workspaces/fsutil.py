@@ -55,8 +55,10 @@ def remove_tree(path: Path) -> None:
 
 def _rm(path: Path) -> bool:
     """``rm -rf``: whether nothing is left."""
-    subprocess.run(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,
-                   capture_output=True, env=_TOOLS_ENV, check=False)
+    proc = subprocess.run(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,
+                          capture_output=True, env=_TOOLS_ENV, check=False)
+    if proc.returncode != 0:
+        log.debug("rm -rf %s: %s", path, proc.stderr.decode("utf-8", "replace")[-500:])
     return not os.path.lexists(path)
 
 
