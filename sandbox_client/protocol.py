@@ -411,7 +411,8 @@ class TaskResult(_Response):
     patch_applied: bool = Field(default=False, description="Whether the agent patch applied.")
     excluded_files: list[str] = Field(
         default_factory=list,
-        description="Test-configuration files (or sections) of the agent patch left out.",
+        description="Test-configuration files (or sections) of the agent patch left out; for a "
+        "finished session also what no patch can carry (FIFOs, sockets, devices, ...).",
     )
     test_exit_code: int | None = Field(
         default=None, description="Exit status of the test command, when it ran to the end."
@@ -428,10 +429,11 @@ class TaskResult(_Response):
     )
     error_code: str | None = Field(
         default=None,
-        description="Machine-readable reason for execution_error or timeout, and for an "
-        "unresolved run that gave no consistent verdict (`tests_crashed`, `no_tests_reported`, "
-        "`exit_status_mismatch`, `report_mismatch`, `summary_missing`, "
-        "`required_tests_missing`).",
+        description="Machine-readable reason for execution_error or timeout, for "
+        "patch_apply_failed (`patch_apply_failed`; `capture_failed`: git could not read a "
+        "finished session's tree), and for an unresolved run that gave no consistent verdict "
+        "(`tests_crashed`, `no_tests_reported`, `exit_status_mismatch`, `report_mismatch`, "
+        "`summary_missing`, `required_tests_missing`).",
     )
     control_run: bool | None = Field(
         default=None,

@@ -7,7 +7,9 @@
     ├── NotFound                  404 not_found
     ├── Conflict                  409 conflict
     ├── OverCapacity              429 over_capacity (carries Retry-After)
-    │   └── ShuttingDown          503 shutting_down: draining before exit, no new work taken
+    │   ├── ShuttingDown          503 shutting_down: draining before exit, no new work taken
+    │   └── Unavailable           503 unavailable: the executor failed a step itself (a sandbox
+    │                             that did not start, a full disk); the same call may be retried
     └── RepoError                 400 unknown_repo / unknown_commit
 
 Routes raise them; one handler on the app renders
@@ -92,6 +94,15 @@ class ShuttingDown(OverCapacity):
     """The executor is draining before it exits: work already running finishes, none starts."""
 
     code = "shutting_down"
+    http_status = 503
+
+
+class Unavailable(OverCapacity):
+    """The executor could not do the call's work for a reason of its own, not the caller's nor
+    the agent's (a sandbox that never started a step, its own disk full): nothing was decided,
+    and the same call may be retried after ``Retry-After``."""
+
+    code = "unavailable"
     http_status = 503
 
 

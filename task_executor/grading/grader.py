@@ -194,9 +194,10 @@ class Grader:
         check(required, conditions, measured=True)
         return conditions
 
-    def grade(self, job: GradingJob) -> TaskResult:
-        """The verdict on ``job``; RepoError (an unknown repo or commit) and ConditionsMismatch
-        (409) propagate."""
+    def admit(self, job: GradingJob) -> bool:
+        """Refuse (4xx) before any work a job that cannot be graded here: no tests, egress
+        denial this executor cannot give, conditions it knows it cannot meet. Returns whether
+        the tests run without network."""
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"
@@ -204,6 +205,13 @@ class Grader:
         deny_network = self.deny_for(job.deny_network, job.conditions)
         key = template_key(job.repo, job.base_commit, job.setup, job.env)
         self.expect_conditions(job.conditions, key, job.env, deny_network)
+        return deny_network
+
+    def grade(self, job: GradingJob) -> TaskResult:
+        """The verdict on ``job``; RepoError (an unknown repo or commit) and ConditionsMismatch
+        (409) propagate."""
+        deny_network = self.admit(job)
+        key = template_key(job.repo, job.base_commit, job.setup, job.env)
         started = time.monotonic()
         timeout = self.wall_clock(job)
         result = TaskResult(task_id=job.task_id, status="execution_error", resolved=None,

@@ -87,12 +87,13 @@ done
 
 
 # What the step's script says of itself. bubblewrap exits 1 when it cannot set the sandbox up,
-# the launcher 125, a missing tree 3: so the script's own failures use codes none of those
-# produce, and it marks in the scratch directory that it began (nothing of it is there when the
-# sandbox never started) and that the agent's patch applied (a step killed after that mark, by
-# the timeout or the kernel, died on the test patch; before it, on the agent's).
+# the launcher 125: so the script's own failures use codes neither produces, the step proves it
+# began (``StepOutcome.started``), and the script marks in the scratch directory that the agent's
+# patch applied (a step killed after that mark, by the timeout or the kernel, died on the test
+# patch; before it, on the agent's).
 _AGENT_FAILED, _RESET_FAILED, _TEST_FAILED = 11, 14, 15
-_STARTED, _AGENT_APPLIED = "started", "agent-applied"
+_AGENT_APPLIED = "agent-applied"
+_TREE_UNREACHABLE = 3  # the prelude's
 
 
 def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str | None,
@@ -100,7 +101,7 @@ def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str |
     """Apply the agent patch, then reset the test patch's paths and force-apply it, in one
     sandboxed step (git, then GNU patch with fuzz, as SWE-bench's harness does)."""
     inputs: dict[str, bytes] = {}
-    script = f': > "$DY_SCRATCH/{_STARTED}"\n' + APPLY_FUNCTION
+    script = APPLY_FUNCTION
     if agent_patch is not None:
         inputs["agent.diff"] = agent_patch.encode("utf-8", "surrogateescape")
         script += f'apply_patch "$DY_SCRATCH/agent.diff" || exit {_AGENT_FAILED}\n'
@@ -120,18 +121,20 @@ def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str |
             )
         script += f'apply_patch "$DY_SCRATCH/test.diff" || exit {_TEST_FAILED}\n'
     outcome = run_in_tree(workspace, script, inputs=inputs,
-                          outputs=("errors", _STARTED, _AGENT_APPLIED), timeout=timeout,
+                          outputs=("errors", _AGENT_APPLIED), timeout=timeout,
                           env={"DY_BASE": workspace.base_commit})
     if outcome.exit_code == 0 and _AGENT_APPLIED in outcome.files:
         return
     errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
     told = (errors or outcome.output.strip())[-4000:]
-    if _STARTED not in outcome.files:
+    if not outcome.started:
         # What bubblewrap said names host paths: the log gets it, the result does not.
         log.error("the patch step's sandbox did not start (exit status %s): %s",
                   outcome.exit_code, outcome.output.strip()[-2000:])
         raise PatchStepFailed(f"the patch step's sandbox did not start (exit status "
                               f"{outcome.exit_code}; the executor's log has its output)")
+    if outcome.exit_code == _TREE_UNREACHABLE:  # a fresh tree, no code of the agent's ran yet
+        raise PatchStepFailed("the patch step could not enter the tree")
     if outcome.timed_out:
         told = f"applying took longer than {timeout:.0f} s"
     elif outcome.exit_code not in (_AGENT_FAILED, _RESET_FAILED, _TEST_FAILED):

@@ -94,6 +94,7 @@ class Sandbox:
         binds: tuple[Bind, ...] = (),
         args_dir: Path | None = None,
         namespace: MountNamespace | None = None,
+        chdir: str | None = None,
     ) -> Launcher:
         """How to run a command inside this workspace's sandbox: an argv prefix, started from
         the workspace's launch ``namespace`` (see ``namespaces``) where there is one.
@@ -101,6 +102,10 @@ class Sandbox:
         With ``args_dir`` (a directory only the executor can read), bubblewrap's options go to
         a file there, handed over on fd 3 (``bwrap --args 3``): the sandbox's pid 1 is bwrap,
         whose argv every process inside can read, and the options name host paths.
+
+        Commands start in the tree (at the fixed path) unless ``chdir`` names another directory
+        inside: bwrap exits 1 when it cannot enter it, before anything runs, and a tree's root
+        is its code's to chmod.
         """
         if deny_network and not self.capabilities.network_namespace:
             # Fail closed: callers check `can_deny_network` first; this is the last guard.
@@ -117,7 +122,7 @@ class Sandbox:
             return Launcher(tuple(argv), namespace)
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
-        options = self._bwrap_options(tree, tmp, deny_network, binds)
+        options = self._bwrap_options(tree, tmp, deny_network, binds, chdir)
         if args_dir is None:
             argv = [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, *options, "--"]
@@ -129,7 +134,8 @@ class Sandbox:
         return Launcher(tuple(argv), namespace)
 
     def _bwrap_options(
-        self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...]
+        self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...],
+        chdir: str | None = None,
     ) -> list[str]:
         inside_uid, inside_gid = self.run_as or (0, 0)
         fixed = self.fixed_path or "/testbed"
@@ -154,7 +160,7 @@ class Sandbox:
             argv += ["--ro-bind", str(self.reporter_dir), REPORTER_MOUNT]
         if self.host_view[:2] == ("--tmpfs", "/"):
             argv += ["--remount-ro", "/"]  # after every mount point was made in it
-        return [*argv, "--chdir", fixed, "--hostname", "dockyard"]
+        return [*argv, "--chdir", chdir or fixed, "--hostname", "dockyard"]
 
     @property
     def can_deny_network(self) -> bool:

@@ -11,7 +11,14 @@ UTF-8 (latin-1 contents) is diffed again as a GIT binary patch (base85 of the ex
 ``git apply`` applies and SWE-bench's harness applies with it), and file names that are not
 UTF-8 come C-quoted by git (``"caf\\351.txt"``). Only what no git patch can carry as text is
 left out and listed in ``excluded_files``: a symlink whose target is not UTF-8, or a file the
-agent's own ``.gitattributes`` forces to a text diff.
+agent's own ``.gitattributes`` forces to a text diff. So are FIFOs, sockets and devices (no git
+patch holds one).
+
+Whatever the agent did to its tree, capture gives an answer: what the tree's owner can make
+readable is made readable first (``git add -A`` refuses an unreadable file and silently skips an
+unreadable directory); a tree git still cannot read is ``CaptureFailed``, the agent's doing,
+which its finish turns into a verdict. Only a step the sandbox never started is
+``CaptureUnavailable`` (503, retryable): the executor's failure must never become a verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sandbox_client.protocol import is_utf8
+from task_executor.errors import Unavailable
 from task_executor.grading.diffs import split_patch
 from task_executor.grading.testconfig import drop_test_config
 from task_executor.workspaces.treegit import literal_pathspecs, run_in_tree
@@ -31,10 +39,37 @@ class CapturedPatch:
     excluded_files: list[str] = field(default_factory=list)
 
 
-_STAGE = r"""
+# One walk of the tree (its .git left alone), in the same step: directories the owner may not
+# list or enter get u+rx and are walked in turn (as many rounds as such directories nest: one
+# walk of each part of the tree in all), files it may not read get u+r -- never u+x, which git
+# would record as a mode change -- and FIFOs, sockets and devices are listed, to be left out.
+_PREPARE = r"""
+: > "$DY_SCRATCH/special"
+printf '.\0' > "$DY_SCRATCH/roots"
+depth=0
+while [ -s "$DY_SCRATCH/roots" ]; do
+    find -files0-from "$DY_SCRATCH/roots" -mindepth "$depth" \( -path ./.git -prune \) -o \
+        \( -type d ! -perm -u=rx -printf 'd%p\0' -prune \) -o \
+        \( -type f ! -perm -u=r -exec chmod u+r -- {} + \) -o \
+        \( ! -type d ! -type f ! -type l -printf 's%p\0' \) > "$DY_SCRATCH/found" 2>/dev/null
+    mapfile -d '' -t found < "$DY_SCRATCH/found"
+    : > "$DY_SCRATCH/roots"
+    for entry in "${found[@]}"; do
+        case $entry in
+            d*) printf '%s\0' "${entry:1}" >> "$DY_SCRATCH/roots" ;;
+            *) printf '%s\0' "${entry:3}" >> "$DY_SCRATCH/special" ;;
+        esac
+    done
+    xargs -0 -r chmod u+rx -- < "$DY_SCRATCH/roots" 2>/dev/null
+    depth=1
+done
+"""
+_STAGE = _PREPARE + r"""
 g read-tree "$DY_BASE" 2>>"$DY_SCRATCH/errors" || exit 5
 mapfile -d '' -t excluded < "$DY_SCRATCH/excluded"
-g add -A -- . "${excluded[@]}" 2>>"$DY_SCRATCH/errors" || exit 6
+mapfile -d '' -t special < "$DY_SCRATCH/special"
+g add -A -- . "${excluded[@]}" "${special[@]/#/:(exclude,literal)}" \
+    2>>"$DY_SCRATCH/errors" || exit 6
 """
 _CAPTURE = _STAGE + r"""
 g diff --cached --binary --no-color --no-ext-diff --find-renames "$DY_BASE" \
@@ -49,10 +84,21 @@ g -c core.attributesFile="$DY_SCRATCH/attributes" diff --cached --binary --no-co
     --no-ext-diff --no-renames "$DY_BASE" -- "${only[@]}" \
     > "$DY_SCRATCH/patch" 2>>"$DY_SCRATCH/errors" || exit 7
 """
+_TREE_FAULTS = {3: "entering the tree", 5: "reading the base", 6: "indexing the tree",
+                7: "diffing the tree"}
+"""Exit statuses only the scripts give, each after git (or cd) failed on what the tree holds."""
 
 
 class CaptureFailed(Exception):
-    """git could not read the tree (the message carries its error)."""
+    """git could not read the tree, even after making it readable: the agent's doing (the
+    message carries git's error, no host path)."""
+
+
+class CaptureUnavailable(Unavailable):
+    """The capture step never ran (the sandbox failed to start it, or it timed out): the
+    executor's failure, not the agent's; the session is kept, finish may be retried."""
+
+    code = "capture_unavailable"
 
 
 def capture_patch(workspace: Workspace) -> CapturedPatch:
@@ -68,27 +114,47 @@ def capture_patch(workspace: Workspace) -> CapturedPatch:
         f":(exclude,literal){name}".encode("utf-8", "surrogateescape") + b"\0"
         for name in workspace.artifacts
     )
-    preamble, sections = split_patch(_diff(workspace, _CAPTURE, {"excluded": excluded}))
+    text, special = _diff(workspace, _CAPTURE, {"excluded": excluded})
+    preamble, sections = split_patch(text)
     kept, dropped = drop_test_config(sections)
     undecodable = [section for section in kept if not is_utf8(section.text)]
     if undecodable:
         only = literal_pathspecs(sorted({p for section in undecodable for p in section.paths}))
-        _, binary = split_patch(
-            _diff(workspace, _CAPTURE_BINARY, {"excluded": excluded, "only": only})
-        )
+        text, _ = _diff(workspace, _CAPTURE_BINARY, {"excluded": excluded, "only": only})
+        _, binary = split_patch(text)
         kept = [section for section in kept if is_utf8(section.text)]
         kept += [section for section in binary if is_utf8(section.text)]
         kept.sort(key=lambda section: min(section.paths))  # git's order: by path
         dropped = sorted({*dropped, *(p for s in binary if not is_utf8(s.text) for p in s.paths)})
     return CapturedPatch(
-        patch=preamble + "".join(section.text for section in kept), excluded_files=dropped
+        patch=preamble + "".join(section.text for section in kept),
+        excluded_files=sorted({*dropped, *special}),
     )
 
 
-def _diff(workspace: Workspace, script: str, inputs: dict[str, bytes]) -> str:
-    outcome = run_in_tree(workspace, script, inputs=inputs, outputs=("patch", "errors"),
+def _diff(workspace: Workspace, script: str, inputs: dict[str, bytes]) -> tuple[str, list[str]]:
+    """(the patch, the special files left out of it)."""
+    outcome = run_in_tree(workspace, script, inputs=inputs,
+                          outputs=("patch", "errors", "special"),
                           env={"DY_BASE": workspace.base_commit})
-    if outcome.exit_code != 0 or "patch" not in outcome.files:
-        errors = outcome.files.get("errors", b"").decode("utf-8", "replace")
-        raise CaptureFailed(f"capturing the diff failed ({outcome.exit_code}): {errors[-2000:]}")
-    return outcome.files["patch"].decode("utf-8", "surrogateescape")
+    if outcome.exit_code == 0 and "patch" in outcome.files:
+        special = [name.decode("utf-8", "surrogateescape")
+                   for name in outcome.files.get("special", b"").split(b"\0") if name]
+        return outcome.files["patch"].decode("utf-8", "surrogateescape"), special
+    errors = _without_host_paths(outcome.files.get("errors", b"").decode("utf-8", "replace"),
+                                 workspace)
+    if outcome.started and outcome.exit_code in _TREE_FAULTS:
+        raise CaptureFailed(f"the tree's changes could not be captured "
+                            f"({_TREE_FAULTS[outcome.exit_code]}): {errors.strip()[-2000:]}")
+    # bwrap's own exit 1, the wrapper's 125, a timeout, a kill: nothing the tree decided.
+    why = "timed out" if outcome.exit_code is None else f"exited {outcome.exit_code}"
+    raise CaptureUnavailable(
+        f"the capture step {why} before git could run"
+        if not outcome.started else f"the capture step {why}", retry_after=5)
+
+
+def _without_host_paths(text: str, workspace: Workspace) -> str:
+    """git's errors as the agent may see them: unsandboxed, they name host paths."""
+    for host, shown in ((workspace.root, "<workspace>"), (workspace.mirror, "<repository>")):
+        text = text.replace(str(host), shown)
+    return text

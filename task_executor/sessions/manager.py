@@ -27,6 +27,7 @@ from sandbox_client.protocol import (
     SessionStartSpec,
     SessionState,
     SnapshotInfo,
+    TaskResult,
     template_key,
 )
 from task_executor.config import Settings
@@ -35,7 +36,7 @@ from task_executor.grading.grader import Grader, GradingJob
 from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
-from .capture import capture_patch
+from .capture import CapturedPatch, CaptureFailed, capture_patch
 from .files import FileBytes, read_file, write_file
 from .runner import SessionClosed as ShellClosed
 from .runner import ShellSession
@@ -322,23 +323,37 @@ class SessionManager:
         )
 
     def finish(self, session_id: str, spec: FinishSpec) -> FinishResult:
-        """Capture the diff, close the session, grade the diff in a fresh tree."""
+        """Capture the diff, close the session, grade the diff in a fresh tree.
+
+        A request that cannot be graded is refused first (4xx), the session kept. A tree whose
+        changes cannot be read is a verdict (``patch_apply_failed``, ``capture_failed``), like
+        a patch that does not apply; a capture step the sandbox never started is
+        CaptureUnavailable (503), and the session is kept for the retry.
+        """
         with self._using(session_id) as session:
-            captured = capture_patch(session.workspace)
+            job = GradingJob(
+                task_id=session.spec.task_id or session_id,
+                repo=session.spec.repo,
+                base_commit=session.workspace.base_commit,
+                patch="",
+                spec=spec,
+                setup=list(session.spec.setup),
+                env=dict(session.spec.env),
+                deny_network=spec.deny_network,
+                conditions=session.spec.conditions,
+            )
+            self.grader.admit(job)
+            try:
+                captured: CapturedPatch | CaptureFailed = capture_patch(session.workspace)
+            except CaptureFailed as exc:
+                captured = exc
             with self._guard:
                 self._sessions.pop(session_id, None)
             self._dispose(session)
-        job = GradingJob(
-            task_id=session.spec.task_id or session_id,
-            repo=session.spec.repo,
-            base_commit=session.workspace.base_commit,
-            patch=captured.patch,
-            spec=spec,
-            setup=list(session.spec.setup),
-            env=dict(session.spec.env),
-            deny_network=spec.deny_network,
-            conditions=session.spec.conditions,
-        )
+        if isinstance(captured, CaptureFailed):
+            log.info("session %s: %s", session_id, captured)
+            return FinishResult(patch="", result=_not_captured(job, captured))
+        job.patch = captured.patch
         result = self.grader.grade(job)
         result.excluded_files = sorted(set(result.excluded_files) | set(captured.excluded_files))
         return FinishResult(patch=captured.patch, result=result)
@@ -382,3 +397,13 @@ class SessionManager:
             finally:
                 session.lock.release()
         return reaped
+
+
+def _not_captured(job: GradingJob, failure: CaptureFailed) -> TaskResult:
+    """The verdict on a tree git cannot read: the agent's doing, as a patch that does not
+    apply is (never no verdict, which would let an agent erase its own failure)."""
+    return TaskResult(
+        task_id=job.task_id, status="patch_apply_failed", resolved=False,
+        rules=job.spec.rules or "strict", error=str(failure), error_code="capture_failed",
+        log=f"[the agent's changes could not be captured]\n{failure}\n",
+    )

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 SCRATCH_MOUNT = "/run/dockyard/scratch"
 
 # Shared by every script: git on the mirror with the tree as work tree, nothing else consulted.
+# The step starts in its scratch directory, not in the tree: the tree's root is its code's to
+# chmod (000), and the owner may always enter it again, where bwrap could not (exit 1).
+# Its first line proves the step started: bwrap exits 1 on its own setup failures and the
+# wrapper 125, statuses a script's own may share, so the exit status alone cannot tell "the
+# sandbox failed" (the executor's fault) from "git failed on the tree".
+STARTED = "started"
 _PRELUDE = r"""
+: > "$DY_SCRATCH/started" || exit 125
 set -u
 export GIT_DIR="$DY_REPO" GIT_WORK_TREE="$DY_TREE" GIT_INDEX_FILE="$DY_SCRATCH/index"
 export GIT_OBJECT_DIRECTORY="$DY_SCRATCH/objects"
@@ -40,7 +47,8 @@ export GIT_ALTERNATE_OBJECT_DIRECTORIES="$DY_REPO/objects"
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/dev/null
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.autocrlf=false \
           -c core.bare=false -c safe.directory='*' "$@"; }
-cd "$DY_TREE" || exit 3
+cd "$DY_TREE" 2>/dev/null || { chmod u+rx -- "$DY_TREE" && cd "$DY_TREE"; } \
+    2>>"$DY_SCRATCH/errors" || exit 3
 """
 
 # Apply one patch file: git, then git ignoring whitespace, then GNU patch with fuzz (as
@@ -68,6 +76,8 @@ class StepOutcome:
     files: dict[str, bytes]
     """The scratch files the step was asked to hand back (missing ones are absent)."""
     output: str
+    started: bool
+    """Whether the script itself ran (its first line did): False means the sandbox failed."""
     timed_out: bool = False
 
 
@@ -103,7 +113,7 @@ def run_in_tree(
             launcher = workspace.launcher(False, binds=(
                 Bind(workspace.mirror, REPO_MOUNT, writable=False),
                 Bind(scratch, SCRATCH_MOUNT),
-            ))
+            ), chdir=SCRATCH_MOUNT)
         else:
             paths = {"DY_REPO": str(workspace.mirror), "DY_TREE": str(workspace.path),
                      "DY_SCRATCH": str(scratch)}
@@ -111,15 +121,16 @@ def run_in_tree(
         # The host's git and patch, from directories no layer of the workspace can write.
         full_env = {**git_env(), "PATH": "/usr/bin:/bin", **paths,
                     **(env or {})}
-        outcome = run_command(_PRELUDE + script, cwd=str(workspace.path), env=full_env,
+        outcome = run_command(_PRELUDE + script, cwd=str(scratch), env=full_env,
                               timeout=timeout, launcher=launcher)
         files = {}
         with ConfinedTree(scratch) as view:
+            started = view.exists(STARTED)
             for name in outputs:
                 if view.exists(name):
                     files[name] = view.read_bytes(name, max_output_bytes)
         return StepOutcome(exit_code=outcome.exit_code, files=files, output=outcome.output,
-                           timed_out=outcome.timed_out)
+                           started=started, timed_out=outcome.timed_out)
     finally:
         remove_tree(scratch)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import subprocess
 import threading
 import time
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox_client.protocol import SandboxReport
-from task_executor.errors import ExecutorError
+from task_executor.errors import Conflict, ExecutorError, Unavailable
 from task_executor.sandbox.capabilities import Capabilities
 from task_executor.sandbox.cgroups import Group, Groups
 from task_executor.sandbox.command import run_command
@@ -37,7 +36,7 @@ from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
 from task_executor.sandbox.namespaces import Launcher, LaunchNamespaces, MountNamespace
 
 from .artifacts import setup_artifacts
-from .fsutil import copy_tree, remove_tree
+from .fsutil import CopyFailed, copy_over, copy_tree, remove_tree, tree_bytes
 from .gitcmd import git
 from .mirrors import MirrorCache
 from .report import sandbox_report
@@ -55,6 +54,13 @@ class SetupFailed(ExecutorError):
 
     code = "setup_failed"
     http_status = 400
+
+
+class SnapshotFailed(Conflict):
+    """The tree is in a state no copy can be made of (nested past PATH_MAX): the agent's doing,
+    told to it (409), with nothing left on the host."""
+
+    code = "snapshot_failed"
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,12 @@ class Workspace:
         """The environment of code under test in this workspace."""
         return self.factory.env_builder(self.visible_tmp, extra)
 
-    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = ()) -> Launcher:
+    def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = (),
+                 chdir: str | None = None) -> Launcher:
         return self.factory.sandbox.launcher(
             self.path, self.tmp, deny_network, group=self.group,
             binds=(*self.runtime_binds, *binds), args_dir=self.root, namespace=self.namespace,
+            chdir=chdir,
         )
 
     def destroy(self) -> None:
@@ -398,19 +406,35 @@ class WorkspaceFactory:
                            launcher=workspace.launcher(False))
 
     def snapshot(self, workspace: Workspace, target: Path) -> Snapshot:
-        """Capture the workspace read-only at ``target``: its changes only, where overlay allows."""
+        """Capture the workspace read-only at ``target``: its changes only, where overlay allows.
+
+        A snapshot that cannot be made leaves nothing at ``target``: SnapshotFailed (409) when
+        the tree is why (nested past PATH_MAX), Unavailable (503) when the host disk is full.
+        """
         target.parent.mkdir(parents=True, exist_ok=True)
-        if self.mode == "overlay":
+        try:
+            self._copy_for_snapshot(workspace, target)
+            return Snapshot(path=target, size_bytes=tree_bytes(target))
+        except CopyFailed as exc:
+            remove_tree(target)
+            if exc.out_of_space:
+                raise Unavailable(f"the executor's disk is full ({exc.reason}); retry later",
+                                  code="snapshot_unavailable", retry_after=30) from None
+            raise SnapshotFailed(f"the tree cannot be copied: {exc.reason}") from None
+        except BaseException:
+            remove_tree(target)
+            raise
+
+    def _copy_for_snapshot(self, workspace: Workspace, target: Path) -> None:
+        if self.mode != "overlay":
+            copy_tree(workspace.path, target, self.capabilities.reflink)
+        elif workspace.layers:
             # The fork's lower layers are the source's earlier layers plus its upper directory,
             # merged into one: copy the earlier layer, then the upper on top of it.
-            if workspace.layers:
-                copy_tree(workspace.layers[0], target, self.capabilities.reflink)
-                _overlay_copy(workspace.rw / "upper", target)
-            else:
-                copy_tree(workspace.rw / "upper", target, self.capabilities.reflink)
-            return Snapshot(path=target, size_bytes=_size(target))
-        copy_tree(workspace.path, target, self.capabilities.reflink)
-        return Snapshot(path=target, size_bytes=_size(target))
+            copy_tree(workspace.layers[0], target, self.capabilities.reflink)
+            copy_over(workspace.rw / "upper", target)
+        else:
+            copy_tree(workspace.rw / "upper", target, self.capabilities.reflink)
 
     # ------------------------------------------------------------------ setup
 
@@ -502,25 +526,3 @@ class WorkspaceFactory:
                 unmount(mount_holder)
             remove_tree(mount_holder)
             remove_tree(tmp)
-
-
-def _overlay_copy(upper: Path, target: Path) -> None:
-    """Apply an overlay upper directory onto a copy of the layer below it (whiteouts included)."""
-    # cp -a of the upper's contents over the target: new and changed files replace old ones;
-    # whiteout device files replace what they hide, which is what a lower layer needs.
-    subprocess.run(["cp", "-a", "--remove-destination", f"{upper}/.", str(target)], check=True,
-                   stdin=subprocess.DEVNULL, capture_output=True)
-
-
-def _size(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (lstat only: a symlink in a snapshot, which
-    the agent may have pointed anywhere on the host, is never followed)."""
-    total = 0
-    for item in path.rglob("*"):
-        try:
-            info = item.lstat()
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode):
-            total += info.st_size
-    return total

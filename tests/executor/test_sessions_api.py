@@ -219,6 +219,18 @@ def test_bad_session_requests(executor, demo_task):
         "invalid_json")
 
 
+def test_a_finish_that_cannot_be_graded_is_refused_and_keeps_the_session(executor, demo_task):
+    """Was a loss: a finish with nothing to grade was refused (400 no_tests) only after the
+    diff was captured and the session closed, so the agent's work was gone with the answer."""
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "sed -i 's/return a - b/return a + b/' calc/__init__.py")
+    refused = executor.post(f"/session/{sid}/finish", json={
+        "test_patch": demo_task.test_patch, "fail_to_pass": [], "pass_to_pass": []})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "no_tests"
+    assert _finish(executor, sid, demo_task)["result"]["status"] == "resolved"
+
+
 def test_fifty_concurrent_sessions(executor_factory, demo_task):
     many = executor_factory(threads=24, max_sessions=60)
 

@@ -1,0 +1,239 @@
+"""Tree states an agent can leave behind that the executor's own steps once could not handle,
+done for real through the routes: a session shell (root in its sandbox) makes files unreadable,
+plants FIFOs and sockets, nests directories past Python's recursion limit or past PATH_MAX, then
+finish, snapshot and DELETE are called over HTTP. Each state once answered 500 (no verdict, or
+host disk left behind); each must now give a verdict or a clear 4xx, and leave nothing behind.
+A sandbox that fails to start a step must stay no verdict (a retryable 503), never a verdict."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from task_executor.sandbox.mounts import mount_tmpfs, unmount
+from task_executor.sandbox.namespaces import Launcher
+from task_executor.workspaces.fsutil import remove_tree
+from task_executor.workspaces.workspace import Workspace
+from tests.executor.test_file_attacks import _assert_no_host_path
+from tests.executor.test_sessions_api import _exec, _start
+
+MiB = 1024 * 1024
+FIX = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
+SOCKET = "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.bind(\"{}\")'"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs a root executor")
+
+
+def _require_sandbox(executor) -> dict:
+    sandbox = executor.get("/health").json()["capabilities"]["sandbox"]
+    if sandbox["tool"] != "bwrap":
+        pytest.skip(f"no bubblewrap sandbox here: {sandbox['missing']}")
+    return sandbox
+
+
+def _finish(executor, sid: str, demo_task):
+    return executor.post(f"/session/{sid}/finish", json={
+        "test_patch": demo_task.test_patch, "fail_to_pass": demo_task.fail_to_pass,
+        "pass_to_pass": demo_task.pass_to_pass})
+
+
+def _holders(executor) -> list[Path]:
+    return [p for p in executor.work_dirs() if p.name.startswith("ws-")]
+
+
+# ------------------------------------------------------------------ finish: odd entries
+
+
+@pytest.mark.parametrize(("odd", "new_files", "excluded"), [
+    # The fixed file itself unreadable: made readable again, its recorded mode unchanged.
+    ("chmod 000 calc/__init__.py && echo 'X = 1' > notes.py && chmod 000 notes.py",
+     ["notes.py"], []),
+    ("mkdir -p d/e && echo 'Y = 2' > d/e/y.py && chmod 000 d/e d", ["d/e/y.py"], []),
+    # The tree's root: bwrap could not enter it (exit 1, before any script ran).
+    ("chmod 000 .", [], []),
+    ("mkfifo pipe", [], ["pipe"]),
+    (SOCKET.format("sock"), [], ["sock"]),
+    # All at once, the FIFO and the socket inside a directory nobody may read.
+    ("mkdir -p d && mkfifo d/pipe && " + SOCKET.format("d/sock") + " && echo 'Y = 2' > d/y.py"
+     " && chmod 000 d/y.py d", ["d/y.py"], ["d/pipe", "d/sock"]),
+], ids=["unreadable-files", "unreadable-dirs", "unreadable-root", "fifo", "socket", "all-nested"])
+def test_finish_gives_a_verdict_whatever_the_agent_left_in_its_tree(executor, demo_task, odd,
+                                                                    new_files, excluded):
+    """Was a hole (no verdict): `git add -A` cannot index an unreadable file or directory, a
+    FIFO or a socket, and finish answered 500 internal_error, so the agent's failing session was
+    never graded. Now the tree's owner makes what it can readable (u+r files, u+rwx
+    directories: no u+x, so git records the modes it would have), special files are left out
+    and listed, and the gold fix in the tree resolves."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, f"{FIX} && {odd}")
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    finished = answer.json()
+    result = finished["result"]
+    assert result["status"] == "resolved", (result["status"], result["error"])
+    assert "+    return a + b" in finished["patch"]
+    assert "old mode" not in finished["patch"] and "100755" not in finished["patch"]
+    for name in new_files:
+        assert f"b/{name}\nnew file mode 100644" in finished["patch"], name
+    assert set(excluded) <= set(result["excluded_files"])
+    for name in excluded:
+        assert f"b/{name}" not in finished["patch"]
+    assert executor.get(f"/session/{sid}").status_code == 404
+    assert executor.work_dirs() == []
+
+
+def test_a_tree_git_cannot_read_after_fixing_is_a_verdict(executor, demo_task):
+    """A tree git still refuses once everything is readable (here the agent's .gitattributes
+    asks for an encoding its file is not in) is the agent's doing: a verdict, never no verdict.
+    It was 500 internal_error."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, f"{FIX} && printf '*.py working-tree-encoding=UTF-16\\n' > "
+                         ".gitattributes && printf '\\xd8\\x00' > odd.py")
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert (result["status"], result["resolved"]) == ("patch_apply_failed", False)
+    assert result["error_code"] == "capture_failed"
+    assert "UTF-16" in result["error"]
+    _assert_no_host_path(executor, answer)
+    assert executor.get(f"/session/{sid}").status_code == 404
+    assert executor.work_dirs() == []
+
+
+def _fail_tree_steps(monkeypatch, exit_status: int) -> None:
+    """Every step on a tree (git, patch: the launches that start in their scratch directory)
+    fails as bwrap does on its own setup failures, before the script runs."""
+    real = Workspace.launcher
+
+    def failing(self, deny_network, binds=(), chdir=None):  # type: ignore[no-untyped-def]
+        launcher = real(self, deny_network, binds, chdir)
+        if chdir is None:
+            return launcher  # shells and test runs start as ever
+        return Launcher(("/bin/sh", "-c", f"exit {exit_status}", "bwrap"), launcher.namespace)
+
+    monkeypatch.setattr(Workspace, "launcher", failing)
+
+
+@pytest.mark.parametrize("exit_status", [1, 125])
+def test_a_capture_step_the_sandbox_never_started_is_no_verdict_and_keeps_the_session(
+        executor, demo_task, monkeypatch, exit_status):
+    """bwrap exits 1 on its own setup failures (and the wrapper 125): that is the executor's
+    failure, never the agent's. Read as "git failed" it would be a verdict (reward 0) for an
+    infrastructure fault; it is a retryable 503, and the session is kept for the retry."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, FIX)
+    _fail_tree_steps(monkeypatch, exit_status)
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "capture_unavailable"
+    assert int(answer.headers["Retry-After"]) > 0
+    _assert_no_host_path(executor, answer)
+    monkeypatch.undo()
+    assert _exec(executor, sid, "grep -c 'a + b' calc/__init__.py")["output"] == "1\n"
+    retried = _finish(executor, sid, demo_task)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["result"]["status"] == "resolved"
+
+
+def test_a_patch_step_the_sandbox_never_started_is_no_verdict(executor, demo_task, monkeypatch):
+    """Was a hole (reward 0 for the executor's fault): the grading's apply step read exit 1 as
+    "the agent's patch does not apply", so a sandbox that failed to start made the gold patch
+    patch_apply_failed. It is execution_error (no verdict), code sandbox_failed."""
+    _require_sandbox(executor)
+    _fail_tree_steps(monkeypatch, 1)
+    result = executor.submit(demo_task.request("sandbox-down", demo_task.gold_patch)).json()
+    assert (result["status"], result["resolved"]) == ("execution_error", None), result
+    assert result["error_code"] == "sandbox_failed"
+
+
+# ------------------------------------------------------------------ snapshot: deep trees
+
+
+def test_a_deep_tree_snapshots_counts_against_the_quota_and_deletes(executor_factory,
+                                                                    demo_task):
+    """Was a hole (host disk): a directory 1,200 deep made the snapshot's size walk (Python's
+    recursive rglob) raise RecursionError after the copy was made: 500, the copy kept on the
+    host disk and never counted, so every snapshot name added one; DELETE then failed in
+    shutil.rmtree and the holder stayed in BASE/work."""
+    executor = executor_factory(disk_limit_bytes=32 * MiB, runtime_dirs=())
+    sandbox = _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "d=deep; for i in $(seq 1200); do d=$d/a; done; mkdir -p $d && "
+                         "echo leaf > $d/f && head -c $((20 << 20)) /dev/urandom > blob")
+    first = executor.post(f"/session/{sid}/snapshot", json={"name": "s0"})
+    assert first.status_code == 200, first.text
+    assert first.json()["size_bytes"] >= 20 * MiB
+    [holder] = _holders(executor)
+    if sandbox["limits"]["disk"]["enforced_by"] == "tmpfs":
+        second = executor.post(f"/session/{sid}/snapshot", json={"name": "s1"})
+        assert second.status_code == 409, second.text
+        assert second.json()["error"]["code"] == "snapshot_quota_exceeded"
+        assert sorted(p.name for p in (holder / "snapshots").iterdir()) == ["s0"]
+    forked = executor.post(f"/session/{sid}/fork", json={"snapshot": "s0"})
+    assert forked.status_code == 200, forked.text
+    fork_id = forked.json()["session_id"]
+    assert _exec(executor, fork_id, "cat deep" + "/a" * 1200 + "/f")["output"] == "leaf\n"
+    for session in (fork_id, sid):
+        closed = executor.delete(f"/session/{session}")
+        assert closed.status_code == 200, closed.text
+    assert not holder.exists()
+    assert executor.work_dirs() == []
+
+
+def test_a_tree_too_deep_to_copy_is_a_clear_409_and_leaves_nothing(executor, demo_task):
+    """Deeper than PATH_MAX, `cp -a` cannot copy the tree: a clear 4xx naming why (no host
+    path), the partial copy removed, the session usable and removable."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    # 2,200 deep in two mkdir -p of 1,100 each: a path of 4,400 characters.
+    _exec(executor, sid, "d=$(printf 'a/%.0s' $(seq 1100)); mkdir deep && cd deep && "
+                         "mkdir -p $d && cd $d && mkdir -p $d && cd $d && echo leaf > f")
+    answer = executor.post(f"/session/{sid}/snapshot", json={"name": "s0"})
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["code"] == "snapshot_failed"
+    _assert_no_host_path(executor, answer)
+    [holder] = _holders(executor)
+    assert not (holder / "snapshots" / "s0").exists()
+    fork = executor.post(f"/session/{sid}/fork", json={})
+    assert fork.status_code == 409, fork.text
+    assert fork.json()["error"]["code"] == "snapshot_failed"
+    assert not any((holder / "forks").glob("*"))
+    assert _exec(executor, sid, "echo alive")["output"] == "alive\n"
+    assert executor.delete(f"/session/{sid}").status_code == 200
+    assert not holder.exists()
+
+
+# ------------------------------------------------------------------ remove_tree
+
+
+def test_remove_tree_never_changes_the_mode_of_what_holds_the_tree(tmp_path):
+    """Was a hole (every later sandbox refused): when the tree's root itself could not be
+    removed (here: a mount point), the retry chmodded os.path.dirname(root) -- the parent,
+    BASE/work -- to 0700, and the sandbox uid could no longer pass through it."""
+    parent = tmp_path / "work"
+    parent.mkdir()
+    parent.chmod(0o711)
+    tree = parent / "ws-1"
+    tree.mkdir()
+    try:
+        mount_tmpfs(tree, 1 * MiB, mode=0o755)
+    except OSError as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        (tree / "sub").mkdir()
+        (tree / "sub" / "f").write_text("x")
+        (tree / "sub").chmod(0)
+        remove_tree(tree)
+        assert stat.S_IMODE(parent.stat().st_mode) == 0o711
+        assert list(tree.iterdir()) == []  # everything the mount held went
+    finally:
+        unmount(tree)
+    remove_tree(tree)
+    assert not tree.exists()
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o711
