@@ -75,6 +75,9 @@ class Settings:
     all_workspaces_memory_limit_bytes: int | str | None = "auto"
     """Memory of all workspaces together (``auto``: 80% of the host's, or of the executor's
     container limit when that is lower)."""
+    host_share: float = 0.8
+    """The share of the host that ``auto`` gives all workspaces together (``dockyard fleet up``
+    gives each of N workers 0.8 / N)."""
 
     max_concurrent_tasks: int | None = None
     max_concurrent_execs: int | None = None
@@ -149,6 +152,8 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"{name} must be positive (or unset)")
+        if not 0 < self.host_share <= 1:
+            problems.append("host_share must be above 0 and at most 1")
         for name in ("all_workspaces_pids_limit", "all_workspaces_memory_limit_bytes"):
             value = getattr(self, name)
             if value != "auto" and value is not None and (not isinstance(value, int) or value <= 0):
@@ -250,6 +255,7 @@ _ENV = {
     "DOCKYARD_DISK_LIMIT_BYTES": ("disk_limit_bytes", _optional_int),
     "DOCKYARD_FSIZE_LIMIT_BYTES": ("fsize_limit_bytes", _optional_int),
     "DOCKYARD_SHM_BYTES": ("shm_bytes", int),
+    "DOCKYARD_HOST_SHARE": ("host_share", float),
     "DOCKYARD_ALL_WORKSPACES_PIDS_LIMIT": ("all_workspaces_pids_limit", _limit_or_auto),
     "DOCKYARD_ALL_WORKSPACES_MEMORY_LIMIT_BYTES": ("all_workspaces_memory_limit_bytes",
                                                    _limit_or_auto),

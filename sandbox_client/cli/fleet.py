@@ -43,6 +43,9 @@ _IN_USE = "Address already in use"
 ROOT_CACHE = Path("/var/cache/dockyard/fleet")
 DEFAULT_SANDBOX_UID = 64000
 """The executor's own default (``DOCKYARD_SANDBOX_UID``): worker i's sandboxes get this + i."""
+HOST_SHARE = 0.8
+"""What all workspaces of one executor may use of the host by default (its DOCKYARD_HOST_SHARE):
+a fleet of N on one host splits it, so N executors cannot together promise N x 80%."""
 
 
 def default_base_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
@@ -105,9 +108,11 @@ class Worker:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def worker_environment(index: int, base_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """Worker ``index``'s environment: ``environ`` with a sandbox uid of its own and the whole
-    fleet directory hidden from its code under test.
+def worker_environment(index: int, base_dir: Path, environ: Mapping[str, str],
+                       workers: int = 1) -> dict[str, str]:
+    """Worker ``index``'s environment: ``environ`` with a sandbox uid of its own, the whole
+    fleet directory hidden from its code under test, and (unless set) a 1 / ``workers`` part of
+    the host share all its workspaces together may use (each executor alone would take 80%).
 
     Co-hosted executors' sandboxes must share nothing: with one uid, root in one worker's
     sandbox would own the files of another's trees (a copy-mode workspace, a template) wherever
@@ -120,13 +125,16 @@ def worker_environment(index: int, base_dir: Path, environ: Mapping[str, str]) -
     env["DOCKYARD_SANDBOX_UID"] = str(first_uid + index)
     hidden = [path for path in env.get("DOCKYARD_HIDE_PATHS", "").split(":") if path]
     env["DOCKYARD_HIDE_PATHS"] = ":".join([*hidden, str(base_dir.resolve())])
+    if not env.get("DOCKYARD_HOST_SHARE"):
+        env["DOCKYARD_HOST_SHARE"] = f"{HOST_SHARE / max(1, workers):.4f}"
     return env
 
 
 def start_worker(
-    index: int, host: str, port: int, base_dir: Path, token: str | None, threads: int | None
+    index: int, host: str, port: int, base_dir: Path, token: str | None, threads: int | None,
+    workers: int = 1,
 ) -> Worker:
-    env = worker_environment(index, base_dir, os.environ)  # before anything is made
+    env = worker_environment(index, base_dir, os.environ, workers)  # before anything is made
     work_dir = base_dir / f"worker-{index}"
     work_dir.mkdir(parents=True, exist_ok=True)
     log_path = base_dir / f"worker-{index}.log"
@@ -298,7 +306,8 @@ def fleet_up(
             # base_port 0: each executor picks its own port and prints it (no race on ports).
             port = 0 if base_port == 0 else base_port + index
             try:
-                started.append(start_worker(index, host, port, base_dir, token, threads))
+                started.append(start_worker(index, host, port, base_dir, token, threads,
+                                            workers))
             except OSError as exc:
                 print(f"dockyard fleet: cannot start executor {index}: {exc}", file=err)
                 return 1

@@ -120,7 +120,7 @@ class Fleet:
     def __init__(self, base: Path, workers: int, threads: int) -> None:
         self.base = base
         self.workers: list[Worker] = [
-            start_worker(i, "127.0.0.1", 0, base, None, threads) for i in range(workers)
+            start_worker(i, "127.0.0.1", 0, base, None, threads, workers) for i in range(workers)
         ]
         with SandboxClient("http://127.0.0.1:1", timeout=(1.0, 3.0)) as probe:
             dead = wait_ready(self.workers, probe, 120.0, threading.Event())

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHARE = 0.8
-"""Of the host's (or the executor's container's) memory and process table."""
+"""Of the host's (or the executor's container's) memory and process table, by default (N
+executors on one host, as ``dockyard fleet up`` starts them, take 0.8 / N each)."""
 
 
 def _meminfo_total() -> int | None:
@@ -50,19 +51,20 @@ def _int_file(path: str) -> int | None:
     return None
 
 
-def default_memory_bytes() -> int | None:
-    """80% of the host's memory, or of the executor's container limit when that is lower."""
+def default_memory_bytes(share: float = SHARE) -> int | None:
+    """``share`` of the host's memory, or of the executor's container limit when lower."""
     known = [v for v in (_meminfo_total(), _own_memory_limit()) if v is not None]
-    return int(min(known) * SHARE) if known else None
+    return int(min(known) * share) if known else None
 
 
-def default_pids() -> int | None:
-    """80% of the host's process table (pid_max, or threads-max when that is lower)."""
+def default_pids(share: float = SHARE) -> int | None:
+    """``share`` of the host's process table (pid_max, or threads-max when that is lower)."""
     known = [v for v in (_int_file("/proc/sys/kernel/pid_max"),
                          _int_file("/proc/sys/kernel/threads-max")) if v is not None]
-    return int(min(known) * SHARE) if known else None
+    return int(min(known) * share) if known else None
 
 
-def resolve(setting: int | str | None, default: Callable[[], int | None]) -> int | None:
-    """A configured budget: ``auto`` is ``default()``, None no limit, a number itself."""
-    return default() if setting == "auto" else setting  # type: ignore[return-value]
+def resolve(setting: int | str | None, default: Callable[[float], int | None],
+            share: float) -> int | None:
+    """A configured budget: ``auto`` is ``default(share)``, None no limit, a number itself."""
+    return default(share) if setting == "auto" else setting  # type: ignore[return-value]

@@ -80,9 +80,10 @@ class Services:
             disk_bytes=settings.disk_limit_bytes, fsize_bytes=settings.fsize_limit_bytes,
             shm_bytes=settings.shm_bytes,
             all_pids=host_budget.resolve(settings.all_workspaces_pids_limit,
-                                         host_budget.default_pids),
+                                         host_budget.default_pids, settings.host_share),
             all_memory_bytes=host_budget.resolve(settings.all_workspaces_memory_limit_bytes,
-                                                 host_budget.default_memory_bytes),
+                                                 host_budget.default_memory_bytes,
+                                                 settings.host_share),
         )
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
         hide = isolation.hidden_paths(settings.base_dir,

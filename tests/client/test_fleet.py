@@ -247,6 +247,25 @@ def test_each_worker_gets_a_sandbox_uid_of_its_own_and_the_fleet_dir_hidden(
     assert given["DOCKYARD_HIDE_PATHS"] == f"/srv/data:{fleet}"  # the operator's kept
 
 
+def test_a_fleet_splits_the_host_share_its_workspaces_may_use(tmp_path: Path) -> None:
+    """N executors on one host, each promising its workspaces 80% of the host together, would
+    promise N x 80%: each gets 0.8 / N, and an operator's own share is kept."""
+    from sandbox_client.cli.fleet import worker_environment
+
+    fleet = tmp_path / "fleet"
+    assert worker_environment(0, fleet, {}, workers=4)["DOCKYARD_HOST_SHARE"] == "0.2000"
+    assert worker_environment(0, fleet, {})["DOCKYARD_HOST_SHARE"] == "0.8000"
+    assert worker_environment(3, fleet, {"DOCKYARD_HOST_SHARE": "0.5"}, workers=4)[
+        "DOCKYARD_HOST_SHARE"] == "0.5"
+    from task_executor.config import settings_from_env
+    from task_executor.sandbox import host_budget
+
+    settings = settings_from_env({"DOCKYARD_HOST_SHARE": "0.2", "TASK_BASE_DIR": str(tmp_path)})
+    whole, part = host_budget.default_memory_bytes(), host_budget.default_memory_bytes(0.2)
+    assert settings.host_share == 0.2 and whole is not None and part is not None
+    assert abs(part - whole / 4) <= 1  # 0.2 of the host against 0.8 of it
+
+
 def test_fleet_up_with_a_sandbox_uid_that_is_no_number_is_one_line_and_exit_2(
     tmp_path: Path,
 ) -> None:
