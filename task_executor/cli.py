@@ -45,6 +45,18 @@ def _parser() -> argparse.ArgumentParser:
 _TOKEN_ARGS = ("token", "token_file", "token_fd")
 
 
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """The log, readable by root alone (0600, rotated files too): it names every task and
+    session, and a sandbox uid that can pass the base dir (to resolve its binds) must not read
+    them, nor may a co-hosted executor's."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        os.fchmod(fd, 0o600)  # a file an earlier version made 0644
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
 def configure_logging(settings: Settings) -> None:
     from task_executor.service.requestlog import RequestIdFilter  # Flask: not before main()
 
@@ -53,7 +65,7 @@ def configure_logging(settings: Settings) -> None:
         "%(asctime)s %(levelname)s %(name)s %(threadName)s [%(request_id)s] %(message)s"
     )
     request_ids = RequestIdFilter()
-    file_handler = logging.handlers.RotatingFileHandler(
+    file_handler = _PrivateRotatingFileHandler(
         settings.base_dir / "task_executor.log", maxBytes=50 * 1024 * 1024, backupCount=3
     )
     stream_handler = logging.StreamHandler(sys.stderr)

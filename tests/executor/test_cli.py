@@ -42,7 +42,9 @@ def test_serve_grades_and_logs_one_line_per_task(tmp_path, demo_task):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
         proc.stdout.close()
-    log = (base / "task_executor.log").read_text()
+    log_file = base / "task_executor.log"
+    assert log_file.stat().st_mode & 0o777 == 0o600  # it names every task and session
+    log = log_file.read_text()
     task_lines = [line for line in log.splitlines() if "task logged-task" in line]
     assert len(task_lines) == 1
     assert "status=resolved" in task_lines[0] and "duration=" in task_lines[0]
