@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -69,10 +70,71 @@ def copy_tree(source: Path, target: Path, reflink: bool) -> None:
 
 
 def copy_over(source: Path, target: Path) -> None:
-    """``source``'s contents copied onto the tree at ``target``, replacing what is in the way
-    (an overlay upper directory over a copy of its lower layer: whiteouts replace what they
-    hide, which is what a lower layer needs)."""
+    """An overlay upper directory (``source``) merged onto a copy of the layer below it
+    (``target``), as the overlay showed them: what the upper replaces goes first (see
+    ``_clear_replaced``), then its contents are copied on top; whiteouts replace what they
+    hide and stay, hiding it in the layers below ``target`` too."""
+    _clear_replaced(source, target)
     _cp(["--remove-destination", f"{source}/.", str(target)])
+
+
+_OPAQUE = "trusted.overlay.opaque"
+"""overlayfs's mark on an upper directory that replaced the lower one (emptied, made again)."""
+
+
+def _clear_replaced(source: Path, target: Path) -> None:
+    """Remove from ``target`` what an entry of ``source`` replaces rather than merges into: a
+    directory where ``source`` has anything else (cp will not put a file over a directory), the
+    other way round, and all of a directory ``source`` marks opaque.
+
+    find lists parents before children, so a symlink in ``target`` where ``source`` has a
+    directory is gone before any path below it is looked at: no path here passes a link.
+    """
+    listing = subprocess.run(["find", str(source), "-mindepth", "1", "-printf", "%y %P\\0"],
+                             stdin=subprocess.DEVNULL, capture_output=True, env=_TOOLS_ENV,
+                             check=False)
+    if listing.returncode != 0:
+        raise CopyFailed(_reason(listing.stderr, listing.returncode))
+    source_root, target_root = os.fsencode(source), os.fsencode(target)
+    for record in listing.stdout.split(b"\0"):
+        if not record:
+            continue
+        kind, relative = record[:1], record[2:]
+        there = os.path.join(target_root, relative)
+        try:
+            held = os.lstat(there)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise CopyFailed(exc.strerror or "lstat failed") from None
+        directory_there = stat.S_ISDIR(held.st_mode)
+        if kind == b"d":
+            if directory_there and not _opaque(os.path.join(source_root, relative)):
+                continue  # merged into
+        elif not directory_there:
+            continue  # cp --remove-destination replaces a non-directory itself
+        if directory_there:
+            remove_tree(Path(os.fsdecode(there)))
+        else:
+            os.unlink(there)
+
+
+def _opaque(path: bytes) -> bool:
+    try:
+        return os.getxattr(path, _OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _reason(stderr: bytes, status: int) -> str:
+    """The tool's error without the paths it names (host paths): strerror's text, which GNU
+    tools print last, after a colon; else a plain word of what failed (the log has it all)."""
+    text = stderr.decode("utf-8", "replace").strip()
+    last = (text.splitlines() or [""])[-1].rsplit(": ", 1)[-1]
+    if last and "/" not in last and "'" not in last:
+        return last
+    log.warning("copy failed (exit %s): %s", status, text[-1000:])
+    return f"the copy failed (exit status {status})"
 
 
 def _cp(arguments: list[str]) -> None:
@@ -80,8 +142,7 @@ def _cp(arguments: list[str]) -> None:
                           capture_output=True, env=_TOOLS_ENV, check=False)
     if proc.returncode != 0:
         # "cp: cannot stat '<path>': File name too long": the reason is after the last colon.
-        last = (proc.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
-        raise CopyFailed(last.rsplit(": ", 1)[-1] or f"cp exited {proc.returncode}")
+        raise CopyFailed(_reason(proc.stderr, proc.returncode))
 
 
 def tree_bytes(path: Path) -> int:

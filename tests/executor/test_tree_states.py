@@ -237,3 +237,38 @@ def test_remove_tree_never_changes_the_mode_of_what_holds_the_tree(tmp_path):
     remove_tree(tree)
     assert not tree.exists()
     assert stat.S_IMODE(parent.stat().st_mode) == 0o711
+
+
+def test_a_fork_snapshots_what_its_agent_replaced_of_the_tree_it_inherited(executor, demo_task):
+    """A fork's snapshot merges its upper directory onto a copy of the layer it inherited:
+    a directory it replaced by a file, a file by a directory, a directory it emptied and made
+    again, one it removed -- each must come out as the fork left it, in the fork of the fork
+    (a red-team found the first two answered 500: cp cannot put a file where a directory is)."""
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "mkdir -p gone keep was-dir remade && echo a > was-dir/f && "
+                         "echo b > was-file && echo c > remade/old && echo d > gone/f")
+    assert executor.post(f"/session/{sid}/snapshot", json={"name": "s"}).status_code == 200
+    forked = executor.post(f"/session/{sid}/fork", json={"snapshot": "s"})
+    assert forked.status_code == 200, forked.text
+    fork_id = forked.json()["session_id"]
+    _exec(executor, fork_id, "rm -r gone was-dir was-file remade && echo file > was-dir && "
+                             "mkdir was-file && echo dir > was-file/f && mkdir remade && "
+                             "echo new > remade/new")
+    snapshot = executor.post(f"/session/{fork_id}/snapshot", json={"name": "t"})
+    assert snapshot.status_code == 200, snapshot.text
+    again = executor.post(f"/session/{fork_id}/fork", json={"snapshot": "t"})
+    assert again.status_code == 200, again.text
+    seen = _exec(executor, again.json()["session_id"],
+                 "cat was-dir was-file/f; ls remade; ls -d gone keep 2>&1")["output"]
+    assert seen.splitlines() == ["file", "dir", "new", "ls: cannot access 'gone': No such file "
+                                 "or directory", "keep"], seen
+
+
+def test_a_copy_error_names_no_host_path():
+    from task_executor.workspaces.fsutil import _reason
+
+    assert _reason(b"cp: cannot stat '/srv/base/work/ws-1/x': File name too long\n", 1) == (
+        "File name too long")
+    generic = _reason(b"cp: cannot overwrite non-directory '/srv/base/snapshots/t/./f' with "
+                      b"directory '/srv/base/rw/upper/./f'\n", 1)
+    assert generic == "the copy failed (exit status 1)"
