@@ -111,7 +111,11 @@ def connection_counter() -> Iterator[Any]:
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory both the test and sandboxed code can see (sandboxes get a private /tmp)."""
+    """A directory both the test and sandboxed code can see (sandboxes get a private /tmp).
+
+    Ask for it before the executor (first in the test's arguments): fixtures end in reverse
+    order, so the executor, whose view may pin it (a hidden path), is gone before it is removed.
+    """
     import shutil
     import tempfile
 
@@ -197,8 +201,15 @@ def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], No
     url = f"http://127.0.0.1:{server.effective_port}"
 
     def stop() -> None:
+        from task_executor.service.lifecycle import release_mounts, unmount_under
+
         stop_server()
-        app.extensions["dockyard"].sessions.close_all()
+        services = app.extensions["dockyard"]
+        services.sessions.close_all()
+        # As the executor's own shutdown does: nothing of it stays mounted (its view pinned the
+        # directories it hides, and an `rm -rf` of the base dir would walk the host).
+        release_mounts(services)
+        unmount_under(settings.base_dir)
 
     return RunningExecutor(url=url, settings=settings, token=settings.token), stop
 

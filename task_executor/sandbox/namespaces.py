@@ -175,6 +175,15 @@ class LaunchNamespaces:
     def __init__(self) -> None:
         self._clean = _in_new_thread(self._make_clean)
 
+    def close(self) -> None:
+        """Let the clean namespace go, at shutdown: its copies of the host view and runtime
+        binds pin their mount points (nothing there can be removed, a directory hidden from
+        code under test included) for as long as it lives, which is the process's life in an
+        executor embedded in another process. No workspace can be made after this."""
+        if self._clean >= 0:
+            os.close(self._clean)
+            self._clean = -1
+
     @staticmethod
     def _make_clean() -> int:
         _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")

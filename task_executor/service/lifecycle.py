@@ -293,6 +293,15 @@ def _flush(server: Any) -> None:
         server.asyncore.loop(timeout=0.05, map=server._map, count=1)
 
 
+def release_mounts(services: Services) -> None:
+    """What holds mounts beyond the base dir's own table: the launch namespaces' clean copy. An
+    executor serving as its own process loses it with the process; one embedded in another
+    process (tests, a trainer) must let it go, or its view pins every directory it shows."""
+    namespaces = services.workspaces.namespaces
+    if namespaces is not None:
+        namespaces.close()
+
+
 def _shut_down(server: Any, services: Services) -> None:
     base_dir = services.settings.base_dir
     # Connections first: from here on no answer can leave, so nothing the kills below do to a
@@ -316,6 +325,7 @@ def _shut_down(server: Any, services: Services) -> None:
         winding_down.join(0.2)
     if not server.task_dispatcher.threads:
         server.asyncore.close_all(server._map)  # the trigger, now that no thread can pull it
+    release_mounts(services)
     cleanup = clean_base_dir(base_dir)
     if services.workspaces.groups is not None:
         services.workspaces.groups.remove_all()  # the workspaces' cgroups, emptied above

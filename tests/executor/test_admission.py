@@ -103,7 +103,7 @@ def small(executor_factory) -> RunningExecutor:
 
 
 def test_more_long_commands_than_threads_leave_health_gradings_and_delete_answering(
-    small, demo_task, shared_dir
+    shared_dir, small, demo_task
 ):
     limit = small.settings.max_execs
     release = shared_dir / "release"
@@ -143,7 +143,7 @@ def test_more_long_commands_than_threads_leave_health_gradings_and_delete_answer
     assert again.json()["output"] == "in\n"
 
 
-def test_the_client_waits_out_a_full_executor_and_gets_its_result(small, demo_task, shared_dir):
+def test_the_client_waits_out_a_full_executor_and_gets_its_result(shared_dir, small, demo_task):
     release = shared_dir / "release"
     seen: list[tuple[float, bool, int]] = []  # (delay, holders running, commands the session ran)
 
@@ -167,7 +167,7 @@ def test_the_client_waits_out_a_full_executor_and_gets_its_result(small, demo_ta
     client.close()
 
 
-def test_the_client_raises_executor_busy_after_its_retry_budget(small, demo_task, shared_dir):
+def test_the_client_raises_executor_busy_after_its_retry_budget(shared_dir, small, demo_task):
     release = shared_dir / "release"
     waits: list[float] = []
     config = ClientConfig(urls=(small.url,), busy_retries=2)
@@ -234,7 +234,7 @@ def test_the_executor_refuses_to_start_when_the_limits_do_not_fit(capsys, monkey
 
 
 def test_delete_of_a_session_running_a_long_command_ends_it_instead_of_waiting(
-    small, demo_task, shared_dir
+    shared_dir, small, demo_task
 ):
     # DELETE runs on a thread kept for short calls: waiting out an agent's command there would
     # let a few DELETEs of busy sessions hold the reserve, and /health with it.

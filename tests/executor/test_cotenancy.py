@@ -184,8 +184,7 @@ def test_a_refused_private_namespace_leaves_the_process_where_it_was_and_says_wh
     }[refusal]
 
 
-def test_hidden_paths_are_out_of_sight_of_code_under_test(executor_factory, shared_dir,
-                                                          demo_task):
+def test_hidden_paths_are_out_of_sight_of_code_under_test(shared_dir, executor_factory, demo_task):
     """What ``dockyard fleet up`` hides: the directory of all its workers' base dirs."""
     neighbour = shared_dir / "neighbour"
     neighbour.mkdir()

@@ -157,7 +157,7 @@ def _fake_report(demo_task) -> bytes:
 
 
 @pytest.mark.parametrize("plant", ["symlink", "fifo"])
-def test_a_replaced_report_file_reads_as_no_report(executor, demo_task, shared_dir, plant):
+def test_a_replaced_report_file_reads_as_no_report(shared_dir, executor, demo_task, plant):
     # The grader read `tmp/<report>` on the host after the tests ran; the test command can
     # replace it: by a symlink to a host file (a forged report claiming passes) or by a FIFO
     # (the grading thread blocked in open() forever).
