@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
+from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -47,9 +49,10 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.before_request
     def refuse_code_under_test() -> None:
-        # Before the token check: a sandbox sharing the host's network never reaches a route.
+        # Before the token check: a sandbox sharing the host's network never reaches a route,
+        # by loopback or by any address of this host (a pod's own IP is as near as 127.0.0.1).
         address, port = request.remote_addr or "", request.environ.get("REMOTE_PORT")
-        if sandbox_uid is None or not port or not peers.is_loopback(address):
+        if sandbox_uid is None or not port:
             return
         # One lookup per connection, not per request (reading /proc/net/tcp costs milliseconds):
         # the verdict is kept on waitress's channel, which is this one socket, kept alive.
@@ -57,10 +60,22 @@ def create_app(settings: Settings | None = None) -> Flask:
         channel = getattr(checked, "__self__", None)
         if channel is not None and getattr(channel, "dockyard_peer_trusted", False):
             return
-        if peers.socket_owner(address, int(port)) == sandbox_uid:
+        owners = peers.socket_owners(address, int(port), _our_port(channel))
+        if sandbox_uid in owners:
             raise Forbidden("requests from code under test are refused", code="from_sandbox")
+        if peers.NOT_FOUND in owners and peers.is_loopback(address):
+            # A live loopback connection is always in this namespace's table: not finding it
+            # is no reason to trust it.
+            raise Forbidden("the caller's connection could not be identified",
+                            code="from_sandbox")
         if channel is not None:
             channel.dockyard_peer_trusted = True
+
+    def _our_port(channel: Any) -> int:
+        """The port this connection reached (its own socket's, else the server's)."""
+        with contextlib.suppress(AttributeError, OSError, IndexError):
+            return int(channel.socket.getsockname()[1])
+        return int(request.environ.get("SERVER_PORT") or 0)
 
     @app.before_request
     def require_token() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -10,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from task_executor.config import Settings
 from task_executor.sandbox.capabilities import detect
+from task_executor.service.lifecycle import release_mounts, unmount_under
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
-from tests.conftest import FAST_PYTEST_ENV
+from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
 CAPS = detect(Path("/var/tmp"), 64000)
@@ -380,6 +384,22 @@ def test_runtime_directories_are_copy_on_write_per_workspace_and_template(
     assert finished["result"]["status"] == "resolved"
 
 
+def _drive_probe(where: str, victim: str) -> str:
+    """A command that asks the executor at ``where`` to run ``touch pwned`` in ``victim``'s
+    session, printing the status (and the error code of a refusal)."""
+    probe = (
+        "import json, urllib.request, urllib.error\n"
+        f"req = urllib.request.Request('http://{where}/session/{victim}/exec',\n"
+        "    data=json.dumps({'command': 'touch pwned'}).encode(),\n"
+        "    headers={'Content-Type': 'application/json'})\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(req, timeout=30).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, json.load(e)['error']['code'])\n"
+    )
+    return f"python3 -c \"{probe}\""
+
+
 @needs_overlay
 def test_a_sandbox_sharing_the_hosts_network_cannot_drive_the_executor(executor, demo_task):
     """With egress allowed, a session shares the host's network and so the executor's port; with
@@ -388,21 +408,96 @@ def test_a_sandbox_sharing_the_hosts_network_cannot_drive_the_executor(executor,
     victim = _start(executor, demo_task)
     port = int(executor.url.rsplit(":", 1)[1])
     attacker = _start(executor, demo_task, deny_network=False)
-    probe = (
-        "import json, urllib.request, urllib.error\n"
-        f"req = urllib.request.Request('http://127.0.0.1:{port}/session/{victim}/exec',\n"
-        "    data=json.dumps({'command': 'touch pwned'}).encode(),\n"
-        "    headers={'Content-Type': 'application/json'})\n"
-        "try:\n"
-        "    print(urllib.request.urlopen(req, timeout=30).status)\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    print(e.code, json.load(e)['error']['code'])\n"
-    )
-    answer = _exec(executor, attacker, f"python3 -c \"{probe}\"")
+    answer = _exec(executor, attacker, _drive_probe(f"127.0.0.1:{port}", victim))
     assert answer["output"].strip() == "403 from_sandbox", answer["output"]
     assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
     # the executor itself still answers a caller on the same loopback
     assert executor.get(f"/session/{victim}").status_code == 200
+
+
+@needs_overlay
+def test_a_sandbox_sharing_a_port_with_root_sockets_is_still_refused(executor, demo_task):
+    """The kernel lets sockets share a local port when their destinations differ (connect()'s
+    ephemeral ports; any bind with SO_REUSEADDR). The check matched the peer's end alone, so a
+    root process's socket on the same port, listed first, let the sandbox through (seen once
+    under load, by chance). Here the sandbox picks a port root sockets already use, on purpose."""
+    victim = _start(executor, demo_task)
+    port = int(executor.url.rsplit(":", 1)[1])
+    attacker = _start(executor, demo_task, deny_network=False)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(8)]
+    roots = [socket.socket() for _ in listeners]  # root sockets on one port, to 8 destinations
+    for one in roots:
+        one.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    roots[0].bind(("127.0.0.1", 0))
+    local_port = roots[0].getsockname()[1]
+    for one, listener in zip(roots, listeners, strict=True):
+        if one is not roots[0]:
+            one.bind(("127.0.0.1", local_port))
+        one.connect(listener.getsockname())
+    probe = (
+        "import json, socket\n"
+        "s = socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {local_port}))\n"
+        f"s.connect(('127.0.0.1', {port}))\n"
+        "body = json.dumps({'command': 'touch pwned'}).encode()\n"
+        f"s.sendall(b'POST /session/{victim}/exec HTTP/1.1\\r\\nHost: x\\r\\n'\n"
+        "          b'Content-Type: application/json\\r\\nConnection: close\\r\\n'\n"
+        "          b'Content-Length: ' + str(len(body)).encode() + b'\\r\\n\\r\\n' + body)\n"
+        "print(s.makefile('rb').readline().decode().split()[1])\n"
+    )
+    try:
+        answer = _exec(executor, attacker, f"python3 -c \"{probe}\"")
+    finally:
+        for one in [*roots, *listeners]:
+            one.close()
+    assert answer["output"].strip() == "403", answer["output"]
+    assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
+
+
+def _own_non_loopback_address() -> str | None:
+    """An IPv4 address of this host's own interfaces other than loopback (traffic to it never
+    leaves the host), or None."""
+    listed = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
+                            check=False).stdout
+    for line in listed.splitlines():
+        address = line.split()[3].split("/")[0]
+        if not address.startswith("127."):
+            return address
+    return None
+
+
+@needs_overlay
+def test_a_sandbox_reaching_the_executor_by_the_hosts_own_address_is_refused(tmp_path, demo_task):
+    """The check looked only at loopback peers: a sandbox sharing the host's network reached an
+    executor listening on every address (the default, 0.0.0.0) by the host's own IP, as near as
+    127.0.0.1, and drove other sessions."""
+    from task_executor.service.app import create_app
+    from task_executor.service.server import make_server
+
+    address = _own_non_loopback_address()
+    if address is None:
+        pytest.skip("no non-loopback address on this host")
+    settings = Settings(base_dir=tmp_path / "base", threads=8, task_timeout=120)
+    app = create_app(settings)
+    server = make_server(app, settings, host="0.0.0.0", port=0)
+    polling = threading.Thread(target=server.run, daemon=True)
+    polling.start()
+    executor = RunningExecutor(url=f"http://127.0.0.1:{server.effective_port}",
+                               settings=settings, token=None)
+    try:
+        victim = _start(executor, demo_task)
+        attacker = _start(executor, demo_task, deny_network=False)
+        answer = _exec(executor, attacker,
+                       _drive_probe(f"{address}:{server.effective_port}", victim))
+        assert answer["output"].strip() == "403 from_sandbox", answer["output"]
+        assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
+    finally:
+        server.close()
+        services = app.extensions["dockyard"]
+        services.sessions.close_all()
+        release_mounts(services)
+        unmount_under(settings.base_dir)
 
 
 def test_a_tree_whose_root_cannot_go_leaves_its_parent_as_it_was(tmp_path):
