@@ -22,11 +22,11 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 from sandbox_client.protocol import RequiredConditions, RunConditions
 from task_executor.errors import Conflict
 from task_executor.sandbox.command import run_command
+from task_executor.sandbox.host_budget import own_cgroup, own_memory_limit, read_value
 from task_executor.workspaces.workspace import Workspace, WorkspaceFactory
 
 from .once import OnceCache
@@ -179,53 +179,19 @@ def min_limit(*limits: int | None) -> int | None:
     return min(present) if present else None
 
 
-def _own_cgroup(controller: str) -> Path | None:
-    """The directory of this process's cgroup for ``controller`` (v1), else the unified one."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    unified = None
-    for line in lines:
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            return Path("/sys/fs/cgroup", names, path.lstrip("/"))
-        if names == "":
-            unified = Path("/sys/fs/cgroup", path.lstrip("/"))
-    return unified
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def cpu_quota() -> float | None:
     """CPUs' worth of time this executor's cgroup may use (None: no quota)."""
-    group = _own_cgroup("cpu")
+    group = own_cgroup("cpu")
     if group is None:
         return None
-    cpu_max = _read(group / "cpu.max")
+    cpu_max = read_value(group / "cpu.max")
     if cpu_max is not None:
         quota, _, period = cpu_max.partition(" ")
         return None if quota == "max" else round(int(quota) / int(period or 100000), 3)
-    quota, period = _read(group / "cpu.cfs_quota_us"), _read(group / "cpu.cfs_period_us")
+    quota, period = read_value(group / "cpu.cfs_quota_us"), read_value(group / "cpu.cfs_period_us")
     if quota is None or period is None or int(quota) < 0:
         return None
     return round(int(quota) / int(period), 3)
-
-
-def own_memory_limit() -> int | None:
-    """This executor's cgroup memory limit (None: none)."""
-    group = _own_cgroup("memory")
-    if group is None:
-        return None
-    raw = _read(group / "memory.max") or _read(group / "memory.limit_in_bytes")
-    if raw is None or raw == "max" or int(raw) >= _UNLIMITED:
-        return None
-    return int(raw)
 
 
 def _shm_size() -> int | None:

@@ -8,6 +8,9 @@ the host down, the executor with it, for every tenant at once. So the parent gro
 executor's workspaces has a limit too, by default a share of what the host (or the executor's own
 container) has: past it the kernel refuses forks, or reclaims and OOM-kills inside the
 workspaces, never outside them.
+
+The executor's own cgroup (``own_cgroup``, ``own_memory_limit``) is read here, once for both
+uses: the budget, and the run conditions a grading reports (``grading.conditions``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
+
+_NO_LIMIT = 1 << 60
+"""A cgroup v1 memory limit at or above this is "no limit" (the kernel prints ~2^63)."""
 
 SHARE = 0.8
 """Of the host's (or the executor's container's) memory and process table, by default (N
@@ -29,20 +35,38 @@ def _meminfo_total() -> int | None:
     return None
 
 
-def _own_memory_limit() -> int | None:
-    """The memory limit of the cgroup this process is in (v1 or v2), if one is set."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controllers == "" or "memory" in controllers.split(","):
-                base = Path("/sys/fs/cgroup") / ("memory" if controllers else "")
-                for name in ("memory.max", "memory.limit_in_bytes"):
-                    limit = base / path.lstrip("/") / name
-                    if limit.exists():
-                        raw = limit.read_text().strip()
-                        if raw != "max" and int(raw) < 2**60:
-                            return int(raw)
-    return None
+def own_cgroup(controller: str) -> Path | None:
+    """The directory of this process's cgroup for ``controller`` (v1), else the unified one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return Path("/sys/fs/cgroup", names, path.lstrip("/"))
+        if names == "":
+            unified = Path("/sys/fs/cgroup", path.lstrip("/"))
+    return unified
+
+
+def read_value(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def own_memory_limit() -> int | None:
+    """This executor's cgroup memory limit (None: none)."""
+    group = own_cgroup("memory")
+    if group is None:
+        return None
+    raw = read_value(group / "memory.max") or read_value(group / "memory.limit_in_bytes")
+    if raw is None or raw == "max" or int(raw) >= _NO_LIMIT:
+        return None
+    return int(raw)
 
 
 def _int_file(path: str) -> int | None:
@@ -53,7 +77,7 @@ def _int_file(path: str) -> int | None:
 
 def default_memory_bytes(share: float = SHARE) -> int | None:
     """``share`` of the host's memory, or of the executor's container limit when lower."""
-    known = [v for v in (_meminfo_total(), _own_memory_limit()) if v is not None]
+    known = [v for v in (_meminfo_total(), own_memory_limit()) if v is not None]
     return int(min(known) * share) if known else None
 
 
