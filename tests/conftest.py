@@ -167,12 +167,15 @@ class RunningExecutor:
         return sorted((self.settings.base_dir / "work").glob("*"))
 
 
-def serve_in_thread(app: Callable[..., Any], settings: Settings) -> tuple[Any, Callable[[], None]]:
-    """``app`` on the executor's own waitress server (``make_server``), on 127.0.0.1 port 0,
-    polled by a thread; returns the server and a function that stops it."""
+def serve_in_thread(
+    app: Callable[..., Any], settings: Settings, host: str = "127.0.0.1"
+) -> tuple[Any, Callable[[], None]]:
+    """``app`` on the executor's own waitress server (``make_server``), on ``host`` port 0,
+    polled by a thread; returns the server and a function that stops it (the listener with it:
+    a server closed under a running loop kept listening, and a later bind could get its port)."""
     from task_executor.service.server import make_server
 
-    server = make_server(app, settings, host="127.0.0.1", port=0)
+    server = make_server(app, settings, host=host, port=0)
     stopping = threading.Event()
 
     def poll_until_stopped() -> None:

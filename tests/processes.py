@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.loopback import LoopbackServer
+
 
 def alive(pid: int) -> bool:
     try:
@@ -94,30 +96,19 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-class ConnectionCounter:
+class ConnectionCounter(LoopbackServer):
     """A loopback TCP server that answers each connection with how many came before it: the
     channel from sandboxed code under test (which sees the host read-only, so it cannot leave a
     file behind) to a test, when the task runs with egress allowed."""
 
     def __init__(self) -> None:
         self.count = 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__(self._answer, backlog=128)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._server.accept()
-            except OSError:
-                return
-            with connection:
-                connection.sendall(str(self.count).encode())
-                self.count += 1
-
-    def close(self) -> None:
-        self._server.close()
+    def _answer(self, connection: socket.socket) -> None:
+        with connection:
+            connection.sendall(str(self.count).encode())
+            self.count += 1
 
     def snippet(self) -> str:
         """Python that connects once and evaluates to the count before it."""

@@ -20,6 +20,7 @@ import responses
 from sandbox_client import SandboxClient
 from sandbox_client.protocol import template_key
 from sandbox_client.routing import rendezvous_rank
+from tests.loopback import LoopbackServer
 
 
 def task_result(task_id: str = "t-1", status: str = "resolved", **extra: Any) -> dict[str, Any]:
@@ -86,37 +87,23 @@ def closed_port_url() -> str:
     return closed_port()
 
 
-class RawServer:
-    """A loopback TCP server whose handler decides what to do with each connection."""
+class RawServer(LoopbackServer):
+    """A loopback TCP server whose handler decides what to do with each connection (on a
+    thread of its own); connections still open are closed with the server."""
 
     def __init__(self, handler: Callable[[socket.socket], None]) -> None:
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(16)
         self._handler = handler
-        self._stop = threading.Event()
         self.connections = 0
         self._open: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__(self._dispatch)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self._open.append(conn)
-            threading.Thread(target=self._handler, args=(conn,), daemon=True).start()
+    def _dispatch(self, conn: socket.socket) -> None:
+        self.connections += 1
+        self._open.append(conn)
+        threading.Thread(target=self._handler, args=(conn,), daemon=True).start()
 
     def close(self) -> None:
-        self._stop.set()
-        self._sock.close()
+        super().close()
         for conn in self._open:
             conn.close()
 

@@ -24,6 +24,7 @@ from sandbox_client import (
 )
 from sandbox_client.protocol import FinishResult
 from task_executor.demo import DemoTask
+from tests.loopback import LoopbackServer
 
 from .conftest import FAST_ENV, graded_on
 
@@ -103,19 +104,11 @@ class DroppingProxy:
     def __init__(self, upstream: str, drops: int, only: str = "") -> None:
         self.upstream, self.drops, self.only, self.requests = upstream, drops, only, 0
         self.matched = 0
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(8)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        self._server = LoopbackServer(self._dispatch, backlog=8)
+        self.url = self._server.url
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+    def _dispatch(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:
@@ -151,7 +144,7 @@ class DroppingProxy:
             )
 
     def close(self) -> None:
-        self._sock.close()
+        self._server.close()
 
 
 @pytest.fixture

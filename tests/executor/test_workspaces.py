@@ -18,7 +18,7 @@ from task_executor.service.lifecycle import release_mounts, unmount_under
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
-from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
+from tests.conftest import FAST_PYTEST_ENV, RunningExecutor, serve_in_thread
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
 CAPS = detect(Path("/var/tmp"), 64000)
@@ -473,16 +473,13 @@ def test_a_sandbox_reaching_the_executor_by_the_hosts_own_address_is_refused(tmp
     executor listening on every address (the default, 0.0.0.0) by the host's own IP, as near as
     127.0.0.1, and drove other sessions."""
     from task_executor.service.app import create_app
-    from task_executor.service.server import make_server
 
     address = _own_non_loopback_address()
     if address is None:
         pytest.skip("no non-loopback address on this host")
     settings = Settings(base_dir=tmp_path / "base", threads=8, task_timeout=120)
     app = create_app(settings)
-    server = make_server(app, settings, host="0.0.0.0", port=0)
-    polling = threading.Thread(target=server.run, daemon=True)
-    polling.start()
+    server, stop_server = serve_in_thread(app, settings, host="0.0.0.0")
     executor = RunningExecutor(url=f"http://127.0.0.1:{server.effective_port}",
                                settings=settings, token=None)
     try:
@@ -493,7 +490,7 @@ def test_a_sandbox_reaching_the_executor_by_the_hosts_own_address_is_refused(tmp
         assert answer["output"].strip() == "403 from_sandbox", answer["output"]
         assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
     finally:
-        server.close()
+        stop_server()
         services = app.extensions["dockyard"]
         services.sessions.close_all()
         release_mounts(services)
