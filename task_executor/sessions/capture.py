@@ -17,8 +17,11 @@ patch holds one).
 Whatever the agent did to its tree, capture gives an answer: what the tree's owner can make
 readable is made readable first (``git add -A`` refuses an unreadable file and silently skips an
 unreadable directory); a tree git still cannot read is ``CaptureFailed``, the agent's doing,
-which its finish turns into a verdict. Only a step the sandbox never started is
-``CaptureUnavailable`` (503, retryable): the executor's failure must never become a verdict.
+which its finish turns into a verdict, as is a tree too large to read within
+:data:`CAPTURE_TIMEOUT_S` (finish stops every process of the session first, so nothing but the
+tree decides how long the step takes, or whether it can start). Only a step the sandbox never
+started (or one killed from outside) is ``CaptureUnavailable`` (503, retryable): the executor's
+failure must never become a verdict.
 """
 
 from __future__ import annotations
@@ -89,14 +92,20 @@ _TREE_FAULTS = {3: "entering the tree", 5: "reading the base", 6: "indexing the 
 """Exit statuses only the scripts give, each after git (or cd) failed on what the tree holds."""
 
 
+CAPTURE_TIMEOUT_S = 300.0
+"""How long one capture step may take once started. A tree a real fix leaves is read in well
+under a second; millions of files made to outlast this are the agent's doing, and a verdict."""
+
+
 class CaptureFailed(Exception):
     """git could not read the tree, even after making it readable: the agent's doing (the
     message carries git's error, no host path)."""
 
 
 class CaptureUnavailable(Unavailable):
-    """The capture step never ran (the sandbox failed to start it, or it timed out): the
-    executor's failure, not the agent's; the session is kept, finish may be retried."""
+    """The capture step never ran (the sandbox failed to start it, or it timed out before it
+    began), or was killed from outside: the executor's failure, not the agent's; the session
+    is kept, finish may be retried."""
 
     code = "capture_unavailable"
 
@@ -136,13 +145,17 @@ def _diff(workspace: Workspace, script: str, inputs: dict[str, bytes]) -> tuple[
     """(the patch, the special files left out of it)."""
     outcome = run_in_tree(workspace, script, inputs=inputs,
                           outputs=("patch", "errors", "special"),
-                          env={"DY_BASE": workspace.base_commit})
+                          env={"DY_BASE": workspace.base_commit}, timeout=CAPTURE_TIMEOUT_S)
     if outcome.exit_code == 0 and "patch" in outcome.files:
         special = [name.decode("utf-8", "surrogateescape")
                    for name in outcome.files.get("special", b"").split(b"\0") if name]
         return outcome.files["patch"].decode("utf-8", "surrogateescape"), special
     errors = _without_host_paths(outcome.files.get("errors", b"").decode("utf-8", "replace"),
                                  workspace)
+    if outcome.started and outcome.timed_out:
+        # Nothing of the session runs by now (finish stopped it): only the tree takes this long.
+        raise CaptureFailed(f"the tree's changes could not be captured within "
+                            f"{CAPTURE_TIMEOUT_S:g} s (too many files to read)")
     if outcome.started and outcome.exit_code in _TREE_FAULTS:
         raise CaptureFailed(f"the tree's changes could not be captured "
                             f"({_TREE_FAULTS[outcome.exit_code]}): {errors.strip()[-2000:]}")

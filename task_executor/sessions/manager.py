@@ -343,6 +343,13 @@ class SessionManager:
                 conditions=session.spec.conditions,
             )
             self.grader.admit(job)
+            # What the agent left running must not decide whether its tree can be captured:
+            # the capture step starts in the workspace's own cgroup, and processes holding its
+            # pids (or memory) limit made every launch fail, a 503 retried forever (no verdict
+            # at will). Nothing of the session may run once its changes are read anyway.
+            session.shell.stop_processes()
+            if session.workspace.group is not None:
+                session.workspace.group.kill_all()  # escaped the shell's sweep: not the cgroup
             try:
                 captured: CapturedPatch | CaptureFailed = capture_patch(session.workspace)
             except CaptureFailed as exc:

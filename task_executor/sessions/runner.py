@@ -251,6 +251,14 @@ class ShellSession:
             self._suspect = False
             self._shell = self._spawn(cwd or self._initial_cwd)
 
+    def stop_processes(self) -> None:
+        """Kill the shell and everything it started, keeping the state it saved: the next
+        command starts a shell from that state, as after a crash (finish stops them before
+        capturing; a retried finish finds the session as it was, its processes aside)."""
+        with self._lock:
+            self._check_open()
+            self._kill_everything()
+
     def close(self) -> None:
         """Kill every process of the session and close every fd; idempotent, and safe from
         another thread while a command runs."""

@@ -673,6 +673,22 @@ def test_restart_loses_state_and_changes_directory(shell: ShellSession, tmp_path
     assert shell.run("echo ${X:-unset}; pwd").output == f"unset\n{tmp_path}/d\n"
 
 
+def test_stop_processes_kills_everything_and_keeps_the_state(
+    shell: ShellSession, tmp_path: Path
+) -> None:
+    """What finish does before capturing: every process of the session ends, nothing of the
+    shell's state is lost, and the next command runs in a shell started from it."""
+    (tmp_path / "d").mkdir()
+    a = tmp_path / "a"
+    shell.run(f"export X=kept; cd d; {CHILD.format(f=a)} &")
+    shell_pid = shell.pid
+    (child,) = pids(a)
+    shell.stop_processes()
+    assert shell_pid is not None and not alive(shell_pid) and not alive(child)
+    assert shell.run("echo $X; pwd").output == f"kept\n{tmp_path}/d\n"
+    assert shell.pid != shell_pid
+
+
 def test_close_is_idempotent_and_leaves_no_fds_or_processes(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

@@ -616,11 +616,17 @@ PY
 }}"""
 
 
-def test_a_fork_bomb_stops_at_the_pids_limit(executor_factory, demo_task):
-    executor = executor_factory(pids_limit=64)
+def pids_limited_executor(executor_factory, limit: int = 64):
+    """An executor whose workspaces may hold ``limit`` processes each (a pids cgroup)."""
+    executor = executor_factory(pids_limit=limit)
     sandbox = _require_sandbox(executor)
     if sandbox["limits"]["processes"]["enforced_by"] != "cgroup":
         pytest.skip("no pids cgroup here")
+    return executor
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(executor_factory, demo_task):
+    executor = pids_limited_executor(executor_factory)
     token = uuid.uuid4().hex
     bomber = _start(executor, demo_task, env={PROBE_VARIABLE: token})
     forked = _exec(executor, bomber, FORKS.format(count=1000, hold="no"))["output"].split()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Workspace
 from tests.executor.test_file_attacks import _assert_no_host_path
 from tests.executor.test_sessions_api import _exec, _start
+from tests.processes import PROBE_VARIABLE, ProcessWatch, wait_until
 
 MiB = 1024 * 1024
 FIX = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
@@ -272,3 +274,71 @@ def test_a_copy_error_names_no_host_path():
     generic = _reason(b"cp: cannot overwrite non-directory '/srv/base/snapshots/t/./f' with "
                       b"directory '/srv/base/rw/upper/./f'\n", 1)
     assert generic == "the copy failed (exit status 1)"
+
+
+# ------------------------------------------------------------------ finish: what still runs
+
+
+def test_processes_left_holding_the_pids_limit_cannot_keep_finish_from_a_verdict(
+        executor_factory, demo_task):
+    """Was a hole (no verdict at will): the capture step starts in the workspace's own pids
+    cgroup, so background processes holding its limit at finish made every launch of the
+    step fail, a 503 the client retried forever. Finish stops them before capturing."""
+    from tests.executor.test_sandbox_attacks import FORKS, _group_pids, pids_limited_executor
+
+    executor = pids_limited_executor(executor_factory)
+    token = uuid.uuid4().hex
+    sid = _start(executor, demo_task, env={PROBE_VARIABLE: token})
+    _exec(executor, sid, FIX)
+    with ProcessWatch(token) as watch:
+        held = _exec(executor, sid, FORKS.format(count=500, hold="hold") + " >/dev/null 2>&1 &")
+        assert held["exit_code"] == 0
+        wait_until(lambda: _group_pids(token) >= 60)
+        answer = _finish(executor, sid, demo_task)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["result"]["status"] == "resolved", answer.json()["result"]
+        assert watch.alive() == []
+    assert executor.work_dirs() == []
+
+
+
+def _slow_tree_capture(monkeypatch, seconds: float) -> None:
+    """The capture step may take ``seconds`` once started, and its script first waits longer
+    than that, as git does on a tree of millions of files (the real tree: the slow tier)."""
+    from task_executor.sessions import capture
+
+    monkeypatch.setattr(capture, "CAPTURE_TIMEOUT_S", seconds)
+    monkeypatch.setattr(capture, "_CAPTURE", "sleep 600\n" + capture._CAPTURE)
+
+
+def test_a_tree_too_large_to_capture_in_time_is_a_verdict(executor, demo_task, monkeypatch):
+    """Was a hole (no verdict at will): a capture step that started and timed out was a 503,
+    retried forever, and a tree of millions of empty files is the agent's to make."""
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, FIX)
+    _slow_tree_capture(monkeypatch, 10.0)
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert (result["status"], result["resolved"]) == ("patch_apply_failed", False), result
+    assert result["error_code"] == "capture_failed"
+    assert "within 10 s" in result["error"]
+    assert executor.work_dirs() == []
+
+
+@pytest.mark.slow
+def test_a_real_tree_of_many_files_past_the_capture_time_is_a_verdict(
+        executor, demo_task, monkeypatch):
+    """The real thing: 300,000 empty files (git takes many seconds over them) and a capture
+    step allowed 3 s."""
+    from task_executor.sessions import capture
+
+    _require_sandbox(executor)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, f"{FIX} && mkdir many && cd many && "
+                         "seq 300000 | xargs -n 5000 touch", timeout=600)
+    monkeypatch.setattr(capture, "CAPTURE_TIMEOUT_S", 3.0)
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["error_code"] == "capture_failed", answer.json()["result"]
