@@ -257,6 +257,7 @@ class ShellSession:
         capturing; a retried finish finds the session as it was, its processes aside)."""
         with self._lock:
             self._check_open()
+            self._sweep(grace=KILL_GRACE_S)  # as close() does: TERM, then KILL what is left
             self._kill_everything()
 
     def close(self) -> None:
