@@ -62,10 +62,19 @@ def mount_overlay(lower: list[Path], upper: Path, work: Path, merged: Path) -> N
     _mount("overlay", merged, "overlay", MS_NOSUID | MS_NODEV, options)
 
 
+BYTES_PER_INODE = 2048
+"""A quota'd tmpfs holds one inode per this many bytes of its size. Empty files cost no blocks,
+so the size alone never stopped them, and their inodes are kernel memory charged to the
+workspace: the kernel's default (half of the RAM in pages, millions) let 3 million empty files
+fill a workspace's memory past its quota."""
+
+
 def mount_tmpfs(target: Path, size_bytes: int | None, mode: int = 0o711) -> None:
-    """A tmpfs of at most ``size_bytes`` at ``target``: a quota nothing inside can pass (None:
-    the kernel's default, half of the RAM)."""
-    size = f"size={max(size_bytes, 4096)}," if size_bytes is not None else ""
+    """A tmpfs of at most ``size_bytes`` at ``target`` and one inode per
+    :data:`BYTES_PER_INODE` of it: a quota nothing inside can pass (None: the kernel's
+    defaults, half of the RAM)."""
+    size = (f"size={max(size_bytes, 4096)},nr_inodes={max(size_bytes // BYTES_PER_INODE, 1024)},"
+            if size_bytes is not None else "")
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"{size}mode={mode:o}")
 
 

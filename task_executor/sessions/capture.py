@@ -32,7 +32,7 @@ from sandbox_client.protocol import is_utf8
 from task_executor.errors import Unavailable
 from task_executor.grading.diffs import split_patch
 from task_executor.grading.testconfig import drop_test_config
-from task_executor.workspaces.treegit import literal_pathspecs, run_in_tree
+from task_executor.workspaces.treegit import WorkspaceFull, literal_pathspecs, run_in_tree
 from task_executor.workspaces.workspace import Workspace
 
 
@@ -143,9 +143,13 @@ def capture_patch(workspace: Workspace) -> CapturedPatch:
 
 def _diff(workspace: Workspace, script: str, inputs: dict[str, bytes]) -> tuple[str, list[str]]:
     """(the patch, the special files left out of it)."""
-    outcome = run_in_tree(workspace, script, inputs=inputs,
-                          outputs=("patch", "errors", "special"),
-                          env={"DY_BASE": workspace.base_commit}, timeout=CAPTURE_TIMEOUT_S)
+    try:
+        outcome = run_in_tree(workspace, script, inputs=inputs,
+                              outputs=("patch", "errors", "special"),
+                              env={"DY_BASE": workspace.base_commit}, timeout=CAPTURE_TIMEOUT_S,
+                              own_group=True)
+    except WorkspaceFull as exc:
+        raise CaptureFailed(f"the tree's changes could not be captured: {exc}") from None
     if outcome.exit_code == 0 and "patch" in outcome.files:
         special = [name.decode("utf-8", "surrogateescape")
                    for name in outcome.files.get("special", b"").split(b"\0") if name]

@@ -207,9 +207,16 @@ class ShellSession:
                     output="dockyard: not run: the command contains a NUL byte\n",
                     duration_s=time.monotonic() - started,
                 )
-            if self._suspect or not self._shell_running():
-                self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
-            result = self._run_locked(command, limit, started)
+            try:
+                if self._suspect or not self._shell_running():
+                    self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
+                result = self._run_locked(command, limit, started)
+            except ShellStartError as exc:
+                # The session's code can see to this (a workspace whose memory or process
+                # limit its own files and processes fill): an answer, never a 500; the next
+                # command tries again, and finish still captures and grades the tree.
+                result = ExecResult(exit_code=None, output="",
+                                    error=f"the shell could not be restarted: {exc}")
             result.duration_s = time.monotonic() - started
             return result
 

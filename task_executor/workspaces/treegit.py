@@ -15,8 +15,10 @@ file API.
 
 from __future__ import annotations
 
+import errno
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from task_executor.sandbox.command import run_command
@@ -27,7 +29,7 @@ from .fsutil import remove_tree
 from .gitcmd import git_env
 
 if TYPE_CHECKING:
-    from .workspace import Workspace
+    from .workspace import Workspace, WorkspaceFactory
 
 SCRATCH_MOUNT = "/run/dockyard/scratch"
 
@@ -70,6 +72,11 @@ apply_patch() {
 """
 
 
+class WorkspaceFull(Exception):
+    """The workspace's tmpfs has no room for a step's scratch files: what its code wrote
+    filled it (the message names no host path)."""
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     exit_code: int | None
@@ -90,34 +97,36 @@ def run_in_tree(
     env: dict[str, str] | None = None,
     timeout: float = 300.0,
     max_output_bytes: int = 256 * 1024 * 1024,
+    own_group: bool = False,
 ) -> StepOutcome:
     """Run ``script`` (bash, after the git prelude) on the workspace's tree in its sandbox.
 
     ``inputs`` are written to the scratch directory first (patches, path lists); ``outputs`` are
-    read back from it afterwards.
+    read back from it afterwards. With ``own_group`` the step runs in a cgroup of its own with
+    a workspace's limits, not in the workspace's (see below).
     """
     factory = workspace.factory
     # In the workspace's own tmpfs, apart from its /tmp (which the session's shell shares).
     scratch = workspace.rw / f"scratch-{uuid.uuid4().hex[:12]}"
-    scratch.mkdir(mode=0o700)
+    # A session's group may be full of what its code left (tmpfs inodes and pages stay charged
+    # to it when every process is gone), and finish's capture launched there was OOM-killed at
+    # once, a 503 at every retry. (A fresh tree's steps need no group of their own: a few ms.)
+    group = None
+    if own_group and factory.groups is not None:
+        group = factory.groups.create(f"step-{scratch.name}")
     try:
-        (scratch / "objects" / "info").mkdir(parents=True)  # git's, made here: an exec less
-        for made in (scratch, scratch / "objects", scratch / "objects" / "info"):
-            factory.hand_over(made)
-        for name, data in (inputs or {}).items():
-            (scratch / name).write_bytes(data)
-            factory.hand_over(scratch / name)  # (no chown -R: a process less per step)
+        _make_scratch(scratch, inputs or {}, factory)
         if factory.sandbox.active:
             paths = {"DY_REPO": REPO_MOUNT, "DY_TREE": workspace.visible_path,
                      "DY_SCRATCH": SCRATCH_MOUNT}
             launcher = workspace.launcher(False, binds=(
                 Bind(workspace.mirror, REPO_MOUNT, writable=False),
                 Bind(scratch, SCRATCH_MOUNT),
-            ), chdir=SCRATCH_MOUNT)
+            ), chdir=SCRATCH_MOUNT, group=group)
         else:
             paths = {"DY_REPO": str(workspace.mirror), "DY_TREE": str(workspace.path),
                      "DY_SCRATCH": str(scratch)}
-            launcher = workspace.launcher(False)
+            launcher = workspace.launcher(False, group=group)
         # The host's git and patch, from directories no layer of the workspace can write.
         full_env = {**git_env(), "PATH": "/usr/bin:/bin", **paths,
                     **(env or {})}
@@ -133,6 +142,26 @@ def run_in_tree(
                            started=started, timed_out=outcome.timed_out)
     finally:
         remove_tree(scratch)
+        if group is not None:
+            group.remove()
+
+
+def _make_scratch(scratch: Path, inputs: dict[str, bytes], factory: WorkspaceFactory) -> None:
+    """The step's scratch directory with its inputs, given to the sandbox uid; WorkspaceFull
+    when the workspace's tmpfs has no room (no inode or block left: its code's doing)."""
+    try:
+        scratch.mkdir(mode=0o700)
+        (scratch / "objects" / "info").mkdir(parents=True)  # git's, made here: an exec less
+        for made in (scratch, scratch / "objects", scratch / "objects" / "info"):
+            factory.hand_over(made)
+        for name, data in inputs.items():
+            (scratch / name).write_bytes(data)
+            factory.hand_over(scratch / name)  # (no chown -R: a process less per step)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise WorkspaceFull("the workspace's disk is full (no room for the step's "
+                                "scratch files)") from None
+        raise
 
 
 def literal_pathspecs(paths: list[str]) -> bytes:

@@ -121,9 +121,10 @@ class Workspace:
         return self.factory.env_builder(self.visible_tmp, extra)
 
     def launcher(self, deny_network: bool, binds: tuple[Bind, ...] = (),
-                 chdir: str | None = None) -> Launcher:
+                 chdir: str | None = None, group: Group | None = None) -> Launcher:
+        """How to run a command in this workspace's sandbox, in its cgroup (or ``group``)."""
         return self.factory.sandbox.launcher(
-            self.path, self.tmp, deny_network, group=self.group,
+            self.path, self.tmp, deny_network, group=group or self.group,
             binds=(*self.runtime_binds, *binds), args_dir=self.root, namespace=self.namespace,
             chdir=chdir,
         )

@@ -112,8 +112,8 @@ def _fail_tree_steps(monkeypatch, exit_status: int) -> None:
     fails as bwrap does on its own setup failures, before the script runs."""
     real = Workspace.launcher
 
-    def failing(self, deny_network, binds=(), chdir=None):  # type: ignore[no-untyped-def]
-        launcher = real(self, deny_network, binds, chdir)
+    def failing(self, deny_network, binds=(), chdir=None, group=None):  # type: ignore[no-untyped-def]
+        launcher = real(self, deny_network, binds, chdir, group)
         if chdir is None:
             return launcher  # shells and test runs start as ever
         return Launcher(("/bin/sh", "-c", f"exit {exit_status}", "bwrap"), launcher.namespace)
@@ -342,3 +342,70 @@ def test_a_real_tree_of_many_files_past_the_capture_time_is_a_verdict(
     answer = _finish(executor, sid, demo_task)
     assert answer.status_code == 200, answer.text
     assert answer.json()["result"]["error_code"] == "capture_failed", answer.json()["result"]
+
+
+# ------------------------------------------------------------------ finish: a full workspace
+
+_EMPTY_FILES = """python3 - <<'PY'
+import os
+os.makedirs("/tmp/d", exist_ok=True)
+made = 0
+try:
+    while True:
+        if made % 5000 == 0:
+            os.makedirs(f"/tmp/d/{made // 5000}", exist_ok=True)
+        os.close(os.open(f"/tmp/d/{made // 5000}/{'x' * 200}{made}", os.O_CREAT | os.O_WRONLY))
+        made += 1
+except OSError as exc:
+    print("stopped", made, exc.errno)
+PY"""
+
+
+def _fixed_under(executor_factory, demo_task, limit: str, enforced_by: str, **settings):
+    """(an executor with ``settings``, a session on it whose tree holds the fix); skipped where
+    ``limit`` is not enforced by ``enforced_by``."""
+    executor = executor_factory(**settings)
+    sandbox = _require_sandbox(executor)
+    if sandbox["limits"][limit]["enforced_by"] != enforced_by:
+        pytest.skip(f"no {limit} limit by {enforced_by} here")
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, FIX)
+    return executor, sid
+
+
+def test_a_workspace_whose_memory_its_files_fill_still_gets_a_verdict(executor_factory,
+                                                                      demo_task):
+    """Was a hole (no verdict at will, found by the red team): empty files in /tmp cost no
+    disk blocks, and their inodes are memory charged to the workspace's cgroup, which stays
+    full once every process is gone; the capture step, launched in that group, was OOM-killed
+    at every retry (503). It runs in a group of its own now. And an exec whose shell could not
+    be started again in the full group answered 500; it answers 200 with the error now."""
+    executor, sid = _fixed_under(executor_factory, demo_task, "memory", "cgroup",
+                                 memory_limit_bytes=96 * MiB)
+    _exec(executor, sid, _EMPTY_FILES, timeout=600)  # python, killed at the limit
+    # Then a smaller writer, twice, fills what the killed ones had held.
+    for _ in range(2):
+        _exec(executor, sid, "mkdir -p /tmp/e; i=0; n=$(printf 'y%.0s' {1..200}); "
+                             "while : > /tmp/e/$n$i; do i=$((i+1)); done", timeout=600)
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["status"] == "resolved", answer.json()["result"]
+    assert executor.work_dirs() == []
+
+
+def test_a_workspace_out_of_inodes_is_a_verdict_not_a_500(executor_factory, demo_task):
+    """Was a 500 at every retry (the red team): with every inode of the workspace's tmpfs used,
+    the executor could not make the capture step's scratch directory. The quota now caps
+    inodes too (one per 2 KiB), and a workspace full of its own files is the agent's doing."""
+    executor, sid = _fixed_under(executor_factory, demo_task, "disk", "tmpfs",
+                                 disk_limit_bytes=32 * MiB)
+    stopped = _exec(executor, sid, _EMPTY_FILES, timeout=600)["output"].split()
+    assert stopped[0] == "stopped" and stopped[2] == "28", stopped  # ENOSPC
+    assert int(stopped[1]) < 32 * MiB // 2048  # the inode cap, not the kernel's millions
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert (result["status"], result["error_code"]) == ("patch_apply_failed", "capture_failed")
+    assert "disk is full" in result["error"]
+    _assert_no_host_path(executor, answer)
+    assert executor.work_dirs() == []
