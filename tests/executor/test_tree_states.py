@@ -409,3 +409,18 @@ def test_a_workspace_out_of_inodes_is_a_verdict_not_a_500(executor_factory, demo
     assert "disk is full" in result["error"]
     _assert_no_host_path(executor, answer)
     assert executor.work_dirs() == []
+
+
+def test_a_tree_too_big_for_git_within_a_workspaces_memory_is_a_verdict(executor_factory,
+                                                                        demo_task):
+    """A file git needs more memory than a workspace's limit to diff is the tree's doing: git
+    is killed, the step's own shell says so (capture_failed), never a 503 to retry forever."""
+    executor, sid = _fixed_under(executor_factory, demo_task, "memory", "cgroup",
+                                 memory_limit_bytes=96 * MiB)
+    _exec(executor, sid, "head -c 80M /dev/urandom > big.bin")
+    answer = _finish(executor, sid, demo_task)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert (result["status"], result["error_code"]) == ("patch_apply_failed", "capture_failed")
+    assert "Killed" in result["error"], result
+    assert executor.work_dirs() == []
