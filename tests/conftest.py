@@ -195,12 +195,15 @@ def serve_in_thread(
     return server, stop
 
 
-def start_executor(settings: Settings) -> tuple[RunningExecutor, Callable[[], None]]:
-    """A real waitress server on 127.0.0.1, port 0, serving create_app(settings) in a thread."""
+def start_executor(
+    settings: Settings, host: str = "127.0.0.1"
+) -> tuple[RunningExecutor, Callable[[], None]]:
+    """A real waitress server on ``host`` (its URL: 127.0.0.1), port 0, serving
+    create_app(settings) in a thread."""
     from task_executor.service.app import create_app
 
     app = create_app(settings)
-    server, stop_server = serve_in_thread(app, settings)
+    server, stop_server = serve_in_thread(app, settings, host)
     url = f"http://127.0.0.1:{server.effective_port}"
 
     def stop() -> None:

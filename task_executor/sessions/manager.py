@@ -343,10 +343,11 @@ class SessionManager:
                 conditions=session.spec.conditions,
             )
             self.grader.admit(job)
-            # What the agent left running must not decide whether its tree can be captured:
-            # the capture step starts in the workspace's own cgroup, and processes holding its
-            # pids (or memory) limit made every launch fail, a 503 retried forever (no verdict
-            # at will). Nothing of the session may run once its changes are read anyway.
+            # Nothing the agent left running may go on once its changes are read: a background
+            # job could rewrite the tree while git reads it, and its processes hold the budget
+            # of all workspaces, which the capture's own cgroup draws on too. (Before the
+            # capture had a group of its own, processes holding the workspace's pids limit made
+            # every launch fail: a 503 retried forever.)
             session.shell.stop_processes()
             if session.workspace.group is not None:
                 session.workspace.group.kill_all()  # escaped the shell's sweep: not the cgroup

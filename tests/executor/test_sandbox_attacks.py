@@ -616,9 +616,9 @@ PY
 }}"""
 
 
-def pids_limited_executor(executor_factory, limit: int = 64):
+def pids_limited_executor(executor_factory, limit: int = 64, **settings):
     """An executor whose workspaces may hold ``limit`` processes each (a pids cgroup)."""
-    executor = executor_factory(pids_limit=limit)
+    executor = executor_factory(pids_limit=limit, **settings)
     sandbox = _require_sandbox(executor)
     if sandbox["limits"]["processes"]["enforced_by"] != "cgroup":
         pytest.skip("no pids cgroup here")

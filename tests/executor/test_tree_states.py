@@ -281,12 +281,14 @@ def test_a_copy_error_names_no_host_path():
 
 def test_processes_left_holding_the_pids_limit_cannot_keep_finish_from_a_verdict(
         executor_factory, demo_task):
-    """Was a hole (no verdict at will): the capture step starts in the workspace's own pids
+    """Was a hole (no verdict at will): the capture step started in the workspace's own pids
     cgroup, so background processes holding its limit at finish made every launch of the
-    step fail, a 503 the client retried forever. Finish stops them before capturing."""
+    step fail, a 503 the client retried forever. The capture has a group of its own now, but
+    the budget of all workspaces (here no larger than one's) is shared: finish stops the
+    session's processes before capturing."""
     from tests.executor.test_sandbox_attacks import FORKS, _group_pids, pids_limited_executor
 
-    executor = pids_limited_executor(executor_factory)
+    executor = pids_limited_executor(executor_factory, all_workspaces_pids_limit=64)
     token = uuid.uuid4().hex
     sid = _start(executor, demo_task, env={PROBE_VARIABLE: token})
     _exec(executor, sid, FIX)

@@ -14,11 +14,10 @@ import pytest
 
 from task_executor.config import Settings
 from task_executor.sandbox.capabilities import detect
-from task_executor.service.lifecycle import release_mounts, unmount_under
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
-from tests.conftest import FAST_PYTEST_ENV, RunningExecutor, serve_in_thread
+from tests.conftest import FAST_PYTEST_ENV, start_executor
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
 CAPS = detect(Path("/var/tmp"), 64000)
@@ -472,29 +471,20 @@ def test_a_sandbox_reaching_the_executor_by_the_hosts_own_address_is_refused(tmp
     """The check looked only at loopback peers: a sandbox sharing the host's network reached an
     executor listening on every address (the default, 0.0.0.0) by the host's own IP, as near as
     127.0.0.1, and drove other sessions."""
-    from task_executor.service.app import create_app
-
     address = _own_non_loopback_address()
     if address is None:
         pytest.skip("no non-loopback address on this host")
     settings = Settings(base_dir=tmp_path / "base", threads=8, task_timeout=120)
-    app = create_app(settings)
-    server, stop_server = serve_in_thread(app, settings, host="0.0.0.0")
-    executor = RunningExecutor(url=f"http://127.0.0.1:{server.effective_port}",
-                               settings=settings, token=None)
+    executor, stop = start_executor(settings, host="0.0.0.0")
     try:
         victim = _start(executor, demo_task)
         attacker = _start(executor, demo_task, deny_network=False)
-        answer = _exec(executor, attacker,
-                       _drive_probe(f"{address}:{server.effective_port}", victim))
+        port = executor.url.rsplit(":", 1)[1]
+        answer = _exec(executor, attacker, _drive_probe(f"{address}:{port}", victim))
         assert answer["output"].strip() == "403 from_sandbox", answer["output"]
         assert _exec(executor, victim, "ls pwned 2>&1; true")["output"].count("No such file") == 1
     finally:
-        stop_server()
-        services = app.extensions["dockyard"]
-        services.sessions.close_all()
-        release_mounts(services)
-        unmount_under(settings.base_dir)
+        stop()
 
 
 def test_a_tree_whose_root_cannot_go_leaves_its_parent_as_it_was(tmp_path):
