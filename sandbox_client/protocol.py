@@ -433,7 +433,16 @@ class TaskResult(_Response):
         "patch_apply_failed (`patch_apply_failed`; `capture_failed`: git could not read a "
         "finished session's tree), and for an unresolved run that gave no consistent verdict "
         "(`tests_crashed`, `no_tests_reported`, `exit_status_mismatch`, `report_mismatch`, "
-        "`summary_missing`, `required_tests_missing`).",
+        "`summary_missing`, `required_tests_missing`; `tampered`: the run's canary tests did not "
+        "come out as planted, or the test runner's entry points changed while it ran).",
+    )
+    canaries: int = Field(
+        default=0,
+        description="Canary tests planted beside the FAIL_TO_PASS tests and checked (their "
+        "names are never shown).",
+    )
+    canaries_skipped: str | None = Field(
+        default=None, description="Why this grading planted no canaries (null: it did)."
     )
     control_run: bool | None = Field(
         default=None,

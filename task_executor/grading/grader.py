@@ -31,7 +31,7 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
-from . import swebench_rules
+from . import canaries, swebench_rules
 from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
@@ -44,6 +44,7 @@ from .patching import (
     apply_patches,
 )
 from .results import read_report
+from .tampering import exit_problem, tampering
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,18 @@ def default_test_command(spec: GradingSpec) -> str:
         named = [test.split("::", 1)[0] for test in [*spec.fail_to_pass, *spec.pass_to_pass]]
         files = sorted({name for name in named if name.endswith(".py")})
     return " ".join(["python -m pytest -p no:cacheprovider", *map(shlex.quote, files)])
+
+
+def canary_plan(spec: GradingSpec) -> canaries.Plan:
+    """The canaries of one grading of ``spec``, and the test command that runs them."""
+    command = spec.test_command or default_test_command(spec)
+    if spec.rules == "swebench":
+        # The harness's rules read the exit status, which failing canaries would set.
+        return canaries.Plan(command, skipped="rules: swebench (the harness's own verdict)")
+    _, sections = split_patch(spec.test_patch)
+    files = sorted({s.new_path for s in sections if s.new_path and s.new_path.endswith(".py")})
+    return canaries.plan(files, spec.fail_to_pass, spec.pass_to_pass, command,
+                         log_parser_for(spec, command), default_command=not spec.test_command)
 
 
 def log_parser_for(spec: GradingSpec, command: str) -> str:
@@ -219,6 +232,7 @@ class Grader:
         phases = PhaseTimings()
         workspace: Workspace | None = None
         log_parts: list[str] = []
+        plan = canary_plan(job.spec)
         try:
             mark = time.monotonic()
             workspace = self.workspaces.create(job.repo, job.base_commit, job.setup, job.env)
@@ -228,7 +242,8 @@ class Grader:
             phases.checkout = time.monotonic() - mark - workspace.setup_s
             result.conditions = self.conditions_in(job.conditions, key, workspace, job.env,
                                                    deny_network)
-            self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network)
+            self._run(job, workspace, started + timeout, result, phases, log_parts, deny_network,
+                      plan)
         except _Verdict as verdict:
             result.status = verdict.status  # type: ignore[assignment]
             result.resolved = None if verdict.status == "execution_error" else False
@@ -253,7 +268,11 @@ class Grader:
                 **{name: round(seconds, 4) for name, seconds in phases.model_dump().items()}
             )
             result.duration_s = round(time.monotonic() - started, 4)
-            result.log = "".join(log_parts)[-self._log_limits(job)[2] :]
+            # The canaries' names never reach the agent: a run's log and messages cite them.
+            result.log = (plan.scrub("".join(log_parts)) or "")[-self._log_limits(job)[2] :]
+            result.error = plan.scrub(result.error)
+            result.canaries = len(plan.canaries) if plan.planted else 0
+            result.canaries_skipped = plan.skipped
             log.info(
                 "task %s status=%s duration=%.2fs", job.task_id, result.status, result.duration_s
             )
@@ -271,11 +290,13 @@ class Grader:
         phases: PhaseTimings,
         log_parts: list[str],
         deny_network: bool,
+        plan: canaries.Plan,
     ) -> None:
         mark = time.monotonic()
         step_timeout = min(PATCH_STEP_TIMEOUT_S, max(1.0, deadline - mark))
         try:
-            agent = apply_patches(workspace, job.patch, job.spec.test_patch, step_timeout)
+            agent = apply_patches(workspace, job.patch, job.spec.test_patch, step_timeout,
+                                  plant=None if plan.skipped else plan.sources())
         except AgentPatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
@@ -285,25 +306,37 @@ class Grader:
             raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
+        plan.planted = plan.skipped is None and agent.planted
+        if plan.skipped is None and not plan.planted:
+            plan.skipped = "the test patch's files could not take the canaries"
         # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 
         command = job.spec.test_command or default_test_command(job.spec)
         parser = log_parser_for(job.spec, command)
         mark = time.monotonic()
-        run = self._run_tests(job, command, parser, workspace, deadline, log_parts, deny_network)
+        # The command that also runs the canaries; the control (none planted) runs ``command``.
+        run = self._run_tests(job, plan.command if plan.planted else command, parser,
+                              workspace, deadline, log_parts, deny_network)
         phases.tests = time.monotonic() - mark
         if job.spec.rules == "swebench":
-            return _judge_swebench(job, run, result)  # the harness's own rules, no control
-        _record(job, run, result)
+            return _judge_swebench(job, run, result, plan)  # the harness's rules, no control
+        _record(job, run, result, plan)
         if run.timed_out:
             raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
         required = [*job.spec.fail_to_pass, *job.spec.pass_to_pass]
         own = problems(run, required)
+        if (forced := exit_problem(plan, run)) is not None and forced.code not in {
+                p.code for p in own}:
+            own.append(forced)
         key = control_key(self._template_key(job, workspace), job.spec.test_patch, command,
                           parser, deny_network, self.wall_clock(job))
         if not job.patch.strip():
             self.controls.offer(key, run)  # without a patch, this run *is* the control
+        if not {p.code for p in own} & _CRASHES:
+            # A run that reported its tests but not its canaries as planted was tampered with,
+            # whatever else it shows; a crashed one is the control's to judge first.
+            _check_tampering(plan, run, job.task_id)
         if own:
             # No consistent verdict: the control (no agent patch) says whose fault that is.
             mark = time.monotonic()
@@ -319,6 +352,7 @@ class Grader:
                 if verdict.status == "execution_error":
                     log_parts.append(f"[control run output, tail]\n{control.tail}\n")
                 raise _Verdict(verdict.status, verdict.code, verdict.message)
+        _check_tampering(plan, run, job.task_id)
         resolved = all(result.tests[name] == "PASSED" for name in required)
         result.status = "resolved" if resolved else "unresolved"
         result.resolved = resolved
@@ -428,9 +462,24 @@ def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
         raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
 
 
-def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
-    """Per-test states of the run into ``result``; a required test not reported is MISSING."""
-    tests = dict(run.report.states)
+_CRASHES = {"tests_crashed", "no_tests_reported"}
+
+
+def _check_tampering(plan: canaries.Plan, run: RunEvidence, task_id: str) -> None:
+    """``unresolved`` with ``tampered`` when the canaries or the integrity record say so."""
+    found = tampering(plan, run.report, run.parser)
+    if found is not None:
+        log.warning("task %s tampered: %s (canaries %s)", task_id, found,
+                    [(c.label, c.fails) for c in plan.canaries])
+        raise _Verdict("unresolved", "tampered", f"the test run was tampered with: {found}")
+
+
+def _record(job: GradingJob, run: RunEvidence, result: TaskResult,
+            plan: canaries.Plan) -> None:
+    """Per-test states of the run into ``result``, canaries left out; a required test not
+    reported is MISSING."""
+    tests = {name: state for name, state in run.report.states.items()
+             if not plan.is_canary(name)}
     for name in [*job.spec.fail_to_pass, *job.spec.pass_to_pass]:
         tests[name] = run.report.lookup(name)
         alias_target = run.report.aliases.get(name)
@@ -442,7 +491,8 @@ def _record(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
     result.pass_to_pass = _split(job.spec.pass_to_pass, tests)
 
 
-def _judge_swebench(job: GradingJob, run: RunEvidence, result: TaskResult) -> None:
+def _judge_swebench(job: GradingJob, run: RunEvidence, result: TaskResult,
+                    plan: canaries.Plan) -> None:
     """SWE-bench's harness rules (``swebench_rules``): its status map, report and resolution."""
     f2p, p2p = job.spec.fail_to_pass, job.spec.pass_to_pass
     statuses = swebench_rules.status_map(run.report, [*f2p, *p2p])
@@ -457,6 +507,7 @@ def _judge_swebench(job: GradingJob, run: RunEvidence, result: TaskResult) -> No
         raise _Verdict("timeout", "test_timeout", "tests ran past the wall clock")
     if judged.problem is not None:
         raise _Verdict("unresolved", *judged.problem)
+    _check_tampering(plan, run, job.task_id)
     result.status = "resolved" if judged.resolved else "unresolved"
     result.resolved = judged.resolved
 

@@ -36,6 +36,10 @@ class ReportedTests:
     failures_in_session: int = 0
     """Failed or errored reports (collection included) since the last session started: what
     pytest's own summary line counts as failed plus errors."""
+    tampered: list[str] = field(default_factory=list)
+    """What the reporter's integrity record found changed in the runner while it ran."""
+    integrity: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """The integrity record's marks of the runner's entry points, by event (start, finish)."""
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -122,6 +126,11 @@ def parse_report(data: bytes) -> ReportedTests:
             run.failures_in_session = 0
         elif kind == "session" and record.get("event") == "finish":
             run.sessions_finished += 1
+        elif kind == "tamper":
+            run.tampered.append(str(record.get("what"))[:200])
+        elif kind == "integrity" and isinstance(record.get("marks"), dict):
+            marks = {str(k): str(v) for k, v in record["marks"].items()}
+            run.integrity.setdefault(str(record.get("event")), []).append(marks)
         elif kind == "unittest":
             if record.get("outcome") == "xfailed":
                 run.xfailed.add(test_id)

@@ -52,12 +52,14 @@ def test_empty_patch_is_unresolved(executor, demo_task):
 
 
 def test_conftest_cheat_works_when_it_is_part_of_the_base(executor, tmp_path, demo_task):
-    """Control: the planted hook really forges passes, so excluding it is what stops it."""
+    """Control: the planted hook really forges passes (the canaries planted to fail come out
+    passed: tampered), so excluding it is what stops it (plain unresolved below)."""
     repo = Path(demo_task.repo)
     write_files(repo, {"conftest.py": CHEAT_CONFTEST})
     base = commit_all(repo, "base with a forging conftest")
     result = executor.submit({**demo_task.request("control", ""), "base_commit": base}).json()
-    assert result["status"] == "resolved"
+    assert (result["status"], result["error_code"]) == ("unresolved", "tampered"), result
+    assert result["tests"]["tests/test_calc.py::test_add"] == "PASSED"  # forged
 
 
 @pytest.mark.parametrize(
@@ -87,6 +89,7 @@ def test_planted_test_configuration_is_excluded(executor, demo_task, planted):
     patch = _cheat_patch(demo_task, planted)
     result = executor.submit(demo_task.request("cheat", patch)).json()
     assert result["status"] == "unresolved", result["log"]
+    assert result["error_code"] is None  # left out: the tests ran honestly
     config_files = {name for name in planted if name != "cheat_plugin.py"}
     assert config_files <= set(result["excluded_files"])
 

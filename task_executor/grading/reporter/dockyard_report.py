@@ -8,12 +8,20 @@ verdicts from this file only, never from the test output, so lines printed by th
 
 pytest: loaded as a plugin through PYTEST_PLUGINS. unittest and Django's runtests.py: hooks on
 unittest.TestResult, installed by the sitecustomize module beside this one.
+
+Both modes also keep an integrity record of the runner (dockyard_integrity): a fingerprint of its
+entry points written at start and at the end, and a ``tamper`` line whenever a report finds them
+changed.
 """
 
+import atexit
 import json
 import os
 
+import dockyard_integrity
+
 _stream = None
+_MODE = os.environ.get("DOCKYARD_REPORT_MODE")
 
 
 def _open_once():
@@ -46,15 +54,24 @@ def pytest_configure(config):
     _open_once()
 
 
+def pytest_addhooks(pluginmanager):
+    # Called as this plugin is registered: the plugins there now are pytest's own, installed
+    # entry points and -p plugins; the conftest files and the tests come later.
+    _guard.watch_hooks(pluginmanager)
+
+
 # A session's start and finish bracket its reports: a start without a finish is a run that died
 # mid-way, and the reports since the last start are what pytest's own summary line counts.
 
 
 def pytest_sessionstart(session):
+    _guard.settle()
     record(kind="session", event="start")
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _guard.verify()
+    _guard.finish()
     record(kind="session", event="finish", exitstatus=int(exitstatus))
 
 
@@ -72,6 +89,7 @@ def pytest_runtest_logreport(report):
         wasxfail=hasattr(report, "wasxfail"),
         xfail_marked=bool(getattr(report, "dockyard_xfail_marked", False)),
     )
+    _guard.verify()
 
 
 def _mark_declared_xfail(item, report):
@@ -147,6 +165,7 @@ def install_unittest_hooks():
                     record(kind="unittest", id=test.id(), aliases=_aliases(test), outcome=outcome)
                 else:
                     record(kind="unittest", id=str(test), aliases=[str(test)], outcome=outcome)
+                _guard.verify()
             except Exception:
                 pass
             return original(self, test, *args)
@@ -171,3 +190,78 @@ def install_unittest_hooks():
         return original_subtest(self, test, subtest, err)
 
     base.addSubTest = hooked_subtest
+
+
+# ----------------------------------------------------------------------------- integrity record
+
+
+class _Guard:
+    """The integrity record of this run, checked at every report (dockyard_integrity)."""
+
+    def __init__(self):
+        self.verify = lambda: None
+        self.finish = lambda: None
+        self.settle = lambda: None
+        self.watch_hooks = lambda pluginmanager: None
+
+    def start(self, settled=True):
+        """Record the runner's entry points now (before any test code), and write their marks
+        if ``settled`` (else ``settle`` does, once pytest is configured). The record covers
+        this module's own hooks and this guard's functions too."""
+        namespace = globals()
+        told = set()
+        strangers = []
+        packages = set()
+        taken = []  # (check, digest, settle), once the record is taken
+
+        def tell(found):
+            for what in found:
+                if what not in told:
+                    told.add(what)
+                    record(kind="tamper", what=what)
+
+        def verify():
+            found = taken[0][0]()
+            for look in strangers:
+                found += look()
+            tell(found)
+
+        def settle():
+            tell(taken[0][2](packages))
+            record(kind="integrity", event="start", marks=taken[0][1]())
+
+        def finish():
+            record(kind="integrity", event="finish", marks=taken[0][1]())
+
+        def watch_hooks(pluginmanager):
+            if not strangers:
+                look, known = dockyard_integrity.hook_watch(pluginmanager)
+                strangers.append(look)
+                packages.update(known)
+
+        self.verify, self.finish, self.watch_hooks = verify, finish, watch_hooks
+        self.settle = settle
+        own = [(f"dockyard_report.{name}", lambda n=name: namespace.get(n))
+               for name in ("record", "_open_once", "pytest_runtest_logreport",
+                            "pytest_sessionstart", "pytest_sessionfinish", "pytest_addhooks",
+                            "pytest_collectreport", "pytest_runtest_makereport", "_guard")]
+        own += [(f"dockyard_report._guard.{name}", lambda n=name: getattr(self, n, None))
+                for name in ("verify", "finish", "settle", "watch_hooks")]
+        taken.append(dockyard_integrity.watch(own))
+        if settled:
+            record(kind="integrity", event="start", marks=taken[0][1]())
+
+
+_guard = _Guard()
+
+
+def start_unittest():
+    """unittest/Django mode: result hooks first, then the record (it includes them); the final
+    marks at exit, when the runner has printed its summary."""
+    install_unittest_hooks()
+    _guard.start()
+    atexit.register(lambda: _guard.finish())
+
+
+if _MODE == "pytest":
+    _guard.start(settled=False)

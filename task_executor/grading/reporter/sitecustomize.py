@@ -12,8 +12,7 @@ def _dockyard_start():
     if os.environ.get("DOCKYARD_REPORT_MODE") == "unittest":
         import dockyard_report
 
-        dockyard_report.install_unittest_hooks()
-        dockyard_report._open_once()
+        dockyard_report.start_unittest()
 
 
 def _chain_to_next_sitecustomize():
