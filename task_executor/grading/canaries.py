@@ -106,6 +106,12 @@ class Plan:
             kept.append(line)
         return "".join(kept)
 
+    def mask(self, text: str | None) -> str | None:
+        """``text`` with every canary's name replaced (for one-line messages)."""
+        for canary in self.canaries:
+            text = text.replace(canary.name, "<canary>") if text else text
+        return text
+
     def is_canary(self, test_id: str) -> bool:
         return any(_names(test_id, c.name) for c in self.canaries)
 

@@ -270,7 +270,7 @@ class Grader:
             result.duration_s = round(time.monotonic() - started, 4)
             # The canaries' names never reach the agent: a run's log and messages cite them.
             result.log = (plan.scrub("".join(log_parts)) or "")[-self._log_limits(job)[2] :]
-            result.error = plan.scrub(result.error)
+            result.error = plan.mask(result.error)
             result.canaries = len(plan.canaries) if plan.planted else 0
             result.canaries_skipped = plan.skipped
             log.info(
@@ -345,7 +345,7 @@ class Grader:
             phases.control = time.monotonic() - mark
             verdict = attribute(own, control, required)
             log_parts.append(
-                f"\n[no consistent verdict: {own[0].message}; control run without the agent's "
+                f"\n[no consistent verdict: {plan.mask(own[0].message)}; control run without the agent's "
                 f"patch ({'run now' if result.control_run else 'kept'}): exit status "
                 f"{control.exit_code}, {len(control.report.states)} tests reported]\n")
             if verdict.status is not None:

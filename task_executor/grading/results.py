@@ -116,7 +116,14 @@ def parse_report(data: bytes) -> ReportedTests:
         kind = record.get("kind")
         test_id = str(record.get("id", ""))
         if kind == "test" and record.get("outcome") != "rerun":
-            phases.setdefault(test_id, {})[str(record.get("when"))] = record
+            by_phase = phases.setdefault(test_id, {})
+            earlier = by_phase.get(str(record.get("when")))
+            if earlier is not None and earlier.get("outcome") == "failed" != record.get(
+                    "outcome"):
+                # pytest reports each phase of a test once: a later "passed" for a phase that
+                # failed was written by something else (into the reporter's own file).
+                run.tampered.append(f"two outcomes for one test phase: {test_id}")
+            by_phase[str(record.get("when"))] = record
             run.failures_in_session += record.get("outcome") == "failed"
         elif kind == "collect":
             run.states[test_id or "<collection>"] = "ERROR"

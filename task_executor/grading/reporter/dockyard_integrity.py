@@ -77,6 +77,56 @@ def _behaviour(obj, seen):
     return out
 
 
+def _probes(obj, seen):
+    """The same objects as ``_behaviour``, as (getter, recorded) pairs: checking them is a call
+    and an ``is`` each, cheap enough for every test (what a class holds is also counted)."""
+    probes = []
+    if id(obj) in seen:
+        return probes
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        namespace = vars(obj)
+        probes.append((lambda: obj.__mro__, obj.__mro__))
+        probes.append((lambda: type(obj), type(obj)))
+        count = _behavioural_count(namespace)  # one added (a property over an attribute)
+        probes.append((lambda: _behavioural_count(namespace), count))
+        for key in sorted(namespace):
+            value = namespace[key]
+            if _behavioural(value):
+                probes.append((lambda k=key: namespace.get(k), value))
+                probes += _probes(value, seen)
+        return probes
+    for name in ("__func__", "fget", "fset", "fdel", "__wrapped__"):
+        inner = getattr(obj, name, None)
+        if inner is not None:
+            probes.append((lambda n=name: getattr(obj, n, None), inner))
+            probes += _probes(inner, seen)
+    if getattr(obj, "__code__", None) is not None:
+        for name in ("__code__", "__defaults__", "__kwdefaults__"):
+            probes.append((lambda n=name: getattr(obj, n, None), getattr(obj, name, None)))
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(contents) or isinstance(contents, (list, dict, set)):
+                probes.append((lambda c=cell: c.cell_contents, contents))
+    return probes
+
+
+def _behavioural_count(namespace):
+    # Plain data changes at run time (pytest marks classes it warned about); methods do not.
+    return sum(1 for value in list(namespace.values()) if _behavioural(value))
+
+
+def _changed(probes):
+    for get, recorded in probes:
+        now = get()
+        if now is not recorded and not (type(recorded) is int and now == recorded):
+            return True
+    return False
+
+
 def _targets(extra):
     """(label, getter) for every watched object: module attributes, resolved live each time
     through the module objects held here (replacing ``sys.modules`` entries is watched too)."""
@@ -111,20 +161,18 @@ def watch(extra=()):
     classes while they configure (pytest's legacypath adds ``Session.startdir``); anything
     else that changed since the record is returned, and the record is taken again."""
     targets = _targets(extra)
+
     def take(get):
         obj = get()
-        return obj, dict(vars(obj)) if isinstance(obj, type) else None, _behaviour(obj, set())
+        namespace = dict(vars(obj)) if isinstance(obj, type) else None
+        return obj, namespace, [(get, obj)] + _probes(obj, set())
 
     recorded = [take(get) for _, get in targets]
 
     def check():
-        changed = []
-        # (zip without strict=: the task's Python may be older than 3.10; lengths checked.)
-        for (label, get), (_, _, before) in zip(targets, recorded):  # noqa: B905
-            now = _behaviour(get(), set())
-            if len(now) != len(before) or any(a is not b for a, b in zip(now, before)):  # noqa: B905
-                changed.append(label)
-        return changed
+        # (zip without strict=: the task's Python may be older than 3.10; same lengths here.)
+        return [label for (label, _), (_, _, probes) in zip(targets, recorded)  # noqa: B905
+                if _changed(probes)]
 
     def digest():
         marks = {}

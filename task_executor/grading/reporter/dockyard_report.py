@@ -89,7 +89,8 @@ def pytest_runtest_logreport(report):
         wasxfail=hasattr(report, "wasxfail"),
         xfail_marked=bool(getattr(report, "dockyard_xfail_marked", False)),
     )
-    _guard.verify()
+    if report.when == "call" or report.outcome != "passed":
+        _guard.verify()  # where outcomes are decided (each test's call), and every failure
 
 
 def _mark_declared_xfail(item, report):
@@ -209,6 +210,7 @@ class _Guard:
         if ``settled`` (else ``settle`` does, once pytest is configured). The record covers
         this module's own hooks and this guard's functions too."""
         namespace = globals()
+        write = record  # held here: replacing the module's ``record`` does not silence this
         told = set()
         strangers = []
         packages = set()
@@ -218,7 +220,7 @@ class _Guard:
             for what in found:
                 if what not in told:
                     told.add(what)
-                    record(kind="tamper", what=what)
+                    write(kind="tamper", what=what)
 
         def verify():
             found = taken[0][0]()
@@ -228,10 +230,10 @@ class _Guard:
 
         def settle():
             tell(taken[0][2](packages))
-            record(kind="integrity", event="start", marks=taken[0][1]())
+            write(kind="integrity", event="start", marks=taken[0][1]())
 
         def finish():
-            record(kind="integrity", event="finish", marks=taken[0][1]())
+            write(kind="integrity", event="finish", marks=taken[0][1]())
 
         def watch_hooks(pluginmanager):
             if not strangers:
