@@ -32,7 +32,7 @@ def exit_problem(plan: Plan, run: RunEvidence) -> Problem | None:
 def tampering(plan: Plan, report: ReportedTests, parser: str) -> str | None:
     """What shows the run was tampered with, or None."""
     if report.tampered:
-        return f"the test runner was changed while the tests ran: {report.tampered[0]}"
+        return f"tampering seen while the tests ran: {report.tampered[0]}"
     if found := _integrity(report, parser):
         return found
     if plan.planted:
