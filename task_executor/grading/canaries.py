@@ -22,6 +22,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from . import canary_log
+
 MAX_FILES = 2
 """Files that get canaries (each gets ``FAILING + PASSING``): a few functions, microseconds."""
 FAILING, PASSING = 2, 1
@@ -71,6 +73,8 @@ class Plan:
     skipped: str | None = None
     planted: bool = False
     """Whether the canaries are in the tree (set once the patch step has put them there)."""
+    clean: bool = False
+    """Whether they came out as planted (set once the run was checked)."""
 
     def sources(self) -> dict[str, str]:
         """The text appended to each planted file."""
@@ -80,31 +84,15 @@ class Plan:
         return texts
 
     def scrub(self, text: str | None) -> str | None:
-        """``text`` without anything that names a canary: its lines, and the pytest or unittest
-        failure sections they head (the agent must not learn the names from its results)."""
+        """``text`` as the agent may see it: nothing that names a canary (``canary_log``), and,
+        once the canaries came out as planted (``clean``), summary counts without them."""
         if not text or not self.canaries:
             return text
-        names = [c.name for c in self.canaries]
-        kept: list[str] = []
-        section: re.Pattern[str] | None = None  # the end of the section being dropped
-        rule_to_skip = False
-        for line in text.splitlines(keepends=True):
-            if any(name in line for name in names):
-                if _PYTEST_HEAD.match(line):
-                    section = _PYTEST_END
-                elif line.startswith(("FAIL:", "ERROR:")) and kept and _RULE.match(kept[-1]):
-                    kept.pop()  # the ===== over a unittest failure section
-                    section, rule_to_skip = _UNITTEST_END, True
-                continue
-            if section is not None:
-                if rule_to_skip and _DASHES.match(line):
-                    rule_to_skip = False  # the ----- under the section's FAIL: line
-                    continue
-                if not section.match(line):
-                    continue
-                section = None
-            kept.append(line)
-        return "".join(kept)
+        counts = None
+        if self.clean:
+            failing = sum(c.fails for c in self.canaries)
+            counts = (failing, len(self.canaries) - failing)
+        return canary_log.scrub(text, [c.name for c in self.canaries], counts)
 
     def mask(self, text: str | None) -> str | None:
         """``text`` with every canary's name replaced (for one-line messages)."""
@@ -114,13 +102,6 @@ class Plan:
 
     def is_canary(self, test_id: str) -> bool:
         return any(_names(test_id, c.name) for c in self.canaries)
-
-
-_PYTEST_HEAD = re.compile(r"^_{3,} .* _{3,}\s*$")
-_PYTEST_END = re.compile(r"^(_{3,} .* _{3,}|={3,}.*)\s*$")
-_RULE = re.compile(r"^={20,}\s*$")
-_DASHES = re.compile(r"^-{20,}\s*$")
-_UNITTEST_END = re.compile(r"^(={20,}|-{20,})\s*$")
 
 
 def _names(test_id: str, name: str) -> bool:

@@ -345,8 +345,8 @@ class Grader:
             phases.control = time.monotonic() - mark
             verdict = attribute(own, control, required)
             log_parts.append(
-                f"\n[no consistent verdict: {plan.mask(own[0].message)}; control run without the agent's "
-                f"patch ({'run now' if result.control_run else 'kept'}): exit status "
+                f"\n[no consistent verdict: {plan.mask(own[0].message)}; control run without "
+                f"the agent's patch ({'run now' if result.control_run else 'kept'}): exit status "
                 f"{control.exit_code}, {len(control.report.states)} tests reported]\n")
             if verdict.status is not None:
                 if verdict.status == "execution_error":
@@ -468,6 +468,7 @@ _CRASHES = {"tests_crashed", "no_tests_reported"}
 def _check_tampering(plan: canaries.Plan, run: RunEvidence, task_id: str) -> None:
     """``unresolved`` with ``tampered`` when the canaries or the integrity record say so."""
     found = tampering(plan, run.report, run.parser)
+    plan.clean = plan.planted and found is None
     if found is not None:
         log.warning("task %s tampered: %s (canaries %s)", task_id, found,
                     [(c.label, c.fails) for c in plan.canaries])
