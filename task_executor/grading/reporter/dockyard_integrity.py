@@ -16,6 +16,7 @@ act rather than an accident; it is not a proof (see the README's "What the grade
 """
 
 import hashlib
+import operator
 import sys
 
 _WATCHED = (
@@ -78,40 +79,68 @@ def _behaviour(obj, seen):
 
 
 def _probes(obj, seen):
-    """The same objects as ``_behaviour``, as (getter, recorded) pairs: checking them is a call
-    and an ``is`` each, cheap enough for every test (what a class holds is also counted)."""
+    """The same objects as ``_behaviour``, as (fetch, recorded) pairs: ``fetch()`` returns a
+    tuple of live objects that must be, one by one, the ``recorded`` ones. Each fetch gathers
+    many at C speed (``map``), so a check is cheap enough for every test."""
     probes = []
     if id(obj) in seen:
         return probes
     seen.add(id(obj))
     if isinstance(obj, type):
         namespace = vars(obj)
-        probes.append((lambda: obj.__mro__, obj.__mro__))
-        probes.append((lambda: type(obj), type(obj)))
-        count = _behavioural_count(namespace)  # one added (a property over an attribute)
-        probes.append((lambda: _behavioural_count(namespace), count))
-        for key in sorted(namespace):
-            value = namespace[key]
-            if _behavioural(value):
-                probes.append((lambda k=key: namespace.get(k), value))
-                probes += _probes(value, seen)
+        keys = tuple(key for key in sorted(namespace) if _behavioural(namespace[key]))
+        probes.append((lambda: (obj.__mro__, type(obj)) + tuple(map(namespace.get, keys)),
+                       (obj.__mro__, type(obj)) + tuple(namespace[key] for key in keys)))
+        probes.append((_nothing_added(namespace, len(keys)), (True,)))
+        for key in keys:
+            probes += _probes(namespace[key], seen)
         return probes
-    for name in ("__func__", "fget", "fset", "fdel", "__wrapped__"):
-        inner = getattr(obj, name, None)
-        if inner is not None:
-            probes.append((lambda n=name: getattr(obj, n, None), inner))
-            probes += _probes(inner, seen)
+    names = [name for name in ("__func__", "fget", "fset", "fdel", "__wrapped__")
+             if getattr(obj, name, None) is not None]
+    inner = [getattr(obj, name) for name in names]
     if getattr(obj, "__code__", None) is not None:
-        for name in ("__code__", "__defaults__", "__kwdefaults__"):
-            probes.append((lambda n=name: getattr(obj, n, None), getattr(obj, name, None)))
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if callable(contents) or isinstance(contents, (list, dict, set)):
-                probes.append((lambda c=cell: c.cell_contents, contents))
+        names += ["__code__", "__defaults__", "__kwdefaults__"]
+    if names:
+        fetch = operator.attrgetter("__class__", *names)  # a tuple, at C speed
+        probes.append((lambda: fetch(obj), fetch(obj)))
+    cells = []
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(contents) or isinstance(contents, (list, dict, set)):
+            cells.append((cell, contents))
+    if cells:
+        probes.append((lambda: tuple(_contents(cell) for cell, _ in cells),
+                       tuple(contents for _, contents in cells)))
+    for value in inner:
+        probes += _probes(value, seen)
     return probes
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _ABSENT
+
+
+def _nothing_added(namespace, count):
+    """A fetch saying whether ``namespace`` holds no method or descriptor beyond the ``count``
+    recorded: the key set is compared first (C speed); only when it changed (pytest marks a
+    class with plain data at run time) are the methods and descriptors counted again."""
+    known = [frozenset(namespace)]
+
+    def fetch():
+        if namespace.keys() == known[0]:
+            return (True,)
+        if _behavioural_count(namespace) != count:
+            return (False,)
+        known[0] = frozenset(namespace)
+        return (True,)
+
+    return fetch
 
 
 def _behavioural_count(namespace):
@@ -120,9 +149,12 @@ def _behavioural_count(namespace):
 
 
 def _changed(probes):
-    for get, recorded in probes:
-        now = get()
-        if now is not recorded and not (type(recorded) is int and now == recorded):
+    for fetch, recorded in probes:
+        try:
+            now = fetch()
+        except Exception:  # an attribute deleted, a namespace gone
+            return True
+        if len(now) != len(recorded) or not all(map(operator.is_, now, recorded)):
             return True
     return False
 
@@ -165,7 +197,7 @@ def watch(extra=()):
     def take(get):
         obj = get()
         namespace = dict(vars(obj)) if isinstance(obj, type) else None
-        return obj, namespace, [(get, obj)] + _probes(obj, set())
+        return obj, namespace, [(lambda: (get(),), (obj,))] + _probes(obj, set())
 
     recorded = [take(get) for _, get in targets]
 

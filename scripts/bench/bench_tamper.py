@@ -1,0 +1,62 @@
+"""Benchmark what the tampering checks cost a test run (issue 23 part 1): pytest over N trivial
+tests with the reporter of a baseline checkout (no integrity record) and with this checkout's
+(integrity record checked at every test's call report), in the same interpreter, alternating.
+The canaries themselves are three more trivial tests per grading: not measured here.
+
+Usage: python scripts/bench/bench_tamper.py [--tests 2000] [--repeat 5] [--baseline /work/main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+REPORTER = Path("task_executor/grading/reporter")
+
+
+def run(reporter: Path, directory: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(reporter), "PYTEST_PLUGINS": "dockyard_report",
+           "DOCKYARD_REPORT_MODE": "pytest", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "DOCKYARD_REPORT_FILE": str(directory / "report.jsonl")}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "test_many.py"], cwd=directory, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, default=Path("/work/main"),
+                        help="a checkout whose reporter has no integrity record")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        (directory / "test_many.py").write_text(
+            "".join(f"def test_{i}():\n    pass\n\n" for i in range(args.tests)))
+        times: dict[str, list[float]] = {"baseline": [], "guarded": []}
+        for _ in range(args.repeat):
+            times["baseline"].append(run(args.baseline / REPORTER, directory))
+            times["guarded"].append(run(HERE / REPORTER, directory))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    per_test_ms = (medians["guarded"] - medians["baseline"]) / args.tests * 1000
+    print(f"{'reporter':10} {'median s':>9}  ({args.tests} tests, {args.repeat} runs each)")
+    for name, median in medians.items():
+        print(f"{name:10} {median:9.3f}")
+    print(f"integrity record: {per_test_ms:.3f} ms per test")
+    print(json.dumps({"tests": args.tests, "repeat": args.repeat, **medians,
+                      "per_test_ms": round(per_test_ms, 4)}))
+
+
+if __name__ == "__main__":
+    main()
