@@ -333,10 +333,9 @@ class Grader:
                           parser, deny_network, self.wall_clock(job))
         if not job.patch.strip():
             self.controls.offer(key, run)  # without a patch, this run *is* the control
-        if not {p.code for p in own} & _CRASHES:
-            # A run that reported its tests but not its canaries as planted was tampered with,
-            # whatever else it shows; a crashed one is the control's to judge first.
-            _check_tampering(plan, run, job.task_id)
+        # A run that reported its tests but not its canaries as planted was tampered with,
+        # whatever else it shows; of a crashed one only what the record saw counts here.
+        _check_tampering(plan, run, job.task_id, crashed=bool({p.code for p in own} & _CRASHES))
         if own:
             # No consistent verdict: the control (no agent patch) says whose fault that is.
             mark = time.monotonic()
@@ -465,9 +464,10 @@ def _apply_test_patch(workspace: Workspace, job: GradingJob) -> None:
 _CRASHES = {"tests_crashed", "no_tests_reported"}
 
 
-def _check_tampering(plan: canaries.Plan, run: RunEvidence, task_id: str) -> None:
+def _check_tampering(plan: canaries.Plan, run: RunEvidence, task_id: str,
+                     crashed: bool = False) -> None:
     """``unresolved`` with ``tampered`` when the canaries or the integrity record say so."""
-    found = tampering(plan, run.report, run.parser)
+    found = tampering(plan, run.report, run.parser, crashed)
     plan.clean = plan.planted and found is None
     if found is not None:
         log.warning("task %s tampered: %s (canaries %s)", task_id, found,

@@ -29,10 +29,15 @@ def exit_problem(plan: Plan, run: RunEvidence) -> Problem | None:
     return None
 
 
-def tampering(plan: Plan, report: ReportedTests, parser: str) -> str | None:
-    """What shows the run was tampered with, or None."""
+def tampering(plan: Plan, report: ReportedTests, parser: str,
+              crashed: bool = False) -> str | None:
+    """What shows the run was tampered with, or None. Of a ``crashed`` run (no tests reported,
+    or its session never finished) only what the record saw counts: its canaries and end marks
+    are missing anyway, and the control judges that."""
     if report.tampered:
         return f"tampering seen while the tests ran: {report.tampered[0]}"
+    if crashed:
+        return None
     if found := _integrity(report, parser):
         return found
     if plan.planted:

@@ -32,19 +32,21 @@ from tests.conftest import RunningExecutor, _searchable_by_the_sandbox, start_ex
 SOURCE = BASE_FILES["calc/__init__.py"]
 F2P_NAMES = "('test_add', 'test_add_many')"
 
+RUNTEST_ONLY_F2P = (
+    "import _pytest.python\n"
+    "_real = _pytest.python.Function.runtest\n"
+    "def _runtest(self):\n"
+    f"    if self.originalname in {F2P_NAMES}:\n"
+    "        return None\n"
+    "    return _real(self)\n"
+    "_pytest.python.Function.runtest = _runtest\n")
+
 # Each attack is prepended to calc/__init__.py, which the held-out tests import at collection.
 PYTEST_ATTACKS = {
     "runtest-noop": (
         "import _pytest.python\n"
         "_pytest.python.Function.runtest = lambda self: None\n"),
-    "runtest-noop-only-f2p": (
-        "import _pytest.python\n"
-        "_real = _pytest.python.Function.runtest\n"
-        "def _runtest(self):\n"
-        f"    if self.originalname in {F2P_NAMES}:\n"
-        "        return None\n"
-        "    return _real(self)\n"
-        "_pytest.python.Function.runtest = _runtest\n"),
+    "runtest-noop-only-f2p": RUNTEST_ONLY_F2P,
     "runtest-code-swap": (
         "import _pytest.python\n"
         "def _nothing(self):\n    return None\n"
@@ -115,6 +117,20 @@ PYTEST_ATTACKS = {
         "_managers = pluggy._manager.PluginManager\n"
         "for _pm in [o for o in gc.get_objects() if isinstance(o, _managers)]:\n"
         "    _pm._inner_hookexec = _multicall\n"),
+    # The record's own module disarmed, then only the FAIL_TO_PASS tests made no-ops (the
+    # canaries come out right): the end marks, computed from the live objects, tell.
+    "disarm-the-record": (
+        "import dockyard_integrity, _pytest.python\n"
+        "dockyard_integrity._changed = lambda probes: False\n"
+        "dockyard_integrity._behaviour = lambda obj, seen: [obj]\n"
+        + RUNTEST_ONLY_F2P),
+    # The reporter's stream swapped for /dev/null (its tamper lines would go nowhere), then the
+    # same targeted no-op.
+    "redirect-the-reporter": (
+        "import os, dockyard_report\n"
+        "dockyard_report._stream = open(os.devnull, 'w')\n"
+        "dockyard_report.record = lambda **fields: None\n"
+        + RUNTEST_ONLY_F2P),
     # The reporter plugin itself: its record function filtered, its guard silenced.
     "silence-the-reporter": (
         "import dockyard_report\n"
@@ -258,6 +274,41 @@ def test_the_attacks_forge_when_nothing_guards(shared_executor, task, tmp_path):
     assert "_pytest.python.Function" in result["error"]
 
 
+@pytest.fixture(scope="module")
+def conftest_task(tmp_path_factory: pytest.TempPathFactory) -> DemoTask:
+    """A base whose conftest.py imports the package (the agent's code runs before the session
+    starts), and whose tests/conftest.py wraps pytest_runtest_makereport honestly, as real
+    repositories' do: neither may make an honest run look tampered."""
+    task = make_demo_task(tmp_path_factory.mktemp("conftest") / "repo")
+    repo = Path(task.repo)
+    write_files(repo, {
+        "conftest.py": "import calc  # noqa: F401\n",
+        "tests/conftest.py": (
+            "import pytest\n\n"
+            "@pytest.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n"
+            "    outcome = yield\n"
+            "    outcome.get_result().user_properties.append(('seen', True))\n"),
+    })
+    base = commit_all(repo, "conftests")
+    return DemoTask(repo=task.repo, base_commit=base, gold_patch=task.gold_patch,
+                    test_patch=task.test_patch, fail_to_pass=task.fail_to_pass,
+                    pass_to_pass=task.pass_to_pass)
+
+
+def test_tampering_before_the_session_starts_is_seen(shared_executor, conftest_task):
+    """The package imported by the base's conftest.py patches pytest before the session
+    starts; pytest's own configuration may add to the record then, nothing else."""
+    gold = shared_executor.submit(conftest_task.request("conftest-gold",
+                                                        conftest_task.gold_patch)).json()
+    assert (gold["status"], gold["error_code"]) == ("resolved", None), (
+        gold["error"], gold["log"][-3000:])
+    for attack in ("runtest-noop-only-f2p", "gc-plugin-flips-only-f2p"):
+        result = shared_executor.submit(conftest_task.request(
+            f"conftest-{attack}", _attack(conftest_task, PYTEST_ATTACKS[attack]))).json()
+        _assert_tampered(result, conftest_task)
+
+
 def test_a_real_fix_is_resolved_with_canaries_planted(shared_executor, task):
     result = shared_executor.submit(task.request("gold", task.gold_patch)).json()
     assert result["status"] == "resolved", (result["error"], result["log"][-3000:])
@@ -377,6 +428,9 @@ UNITTEST_ATTACKS = {
         "        return result\n"
         "    return _real(self, result)\n"
         "unittest.TestCase.run = _run\n"),
+    "assert-equal-noop": (
+        "import unittest\n"
+        "unittest.TestCase.assertEqual = lambda self, first, second, msg=None: None\n"),
     "add-failure-is-success": (
         "import unittest\n"
         "unittest.TestResult.addFailure = unittest.TestResult.addSuccess\n"
@@ -443,3 +497,42 @@ def _assert_no_unittest_canary_shown(result: dict, task: DemoTask) -> None:
     shown = set(re.findall(r"^(?:FAIL: |ERROR: )?(test_\w+) \(", result["log"], re.M))
     shown |= set(re.findall(r"CalcTests\.(test_\w+)", result["log"] + str(result["error"])))
     assert shown <= {"test_add", "test_add_many", "test_mul"}, shown
+
+
+# --------------------------------------------------------------------- start-up hooks, sessions
+
+# A .pth line runs at start-up, before the other site directories are on sys.path: it adds them.
+PTH_HOOK = ("import sys, site; sys.path.extend(site.getsitepackages()); "
+            "exec(\"import _pytest.python as p\\np.Function.runtest = lambda self: None\")\n")
+
+
+def test_start_up_hooks_dropped_where_python_looks_do_not_forge(shared_executor, task):
+    """A session drops the no-op where Python looks at start-up: a .pth and a sitecustomize
+    in the interpreter's site-packages (a copy-on-write runtime directory: writable), and
+    both in the tree. finish grades the session's patch in a fresh workspace: the tree's are
+    test configuration (left out), the interpreter's are not part of a patch."""
+    from tests.conftest import FAST_PYTEST_ENV
+
+    body = {"repo": task.repo, "base_commit": task.base_commit, "env": FAST_PYTEST_ENV}
+    started = shared_executor.post("/session/start", json=body)
+    assert started.status_code == 200, started.text
+    sid = started.json()["session_id"]
+    hook = PTH_HOOK.replace('"', '\\"')
+    dropped = shared_executor.post(f"/session/{sid}/exec", json={"command": (
+        "site=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && "
+        f'printf "%s" "{hook}" > "$site/zz_tamper.pth" && '
+        f'printf "%s" "{hook}" > "$site/sitecustomize.py" && '
+        f'printf "%s" "{hook}" > zz_tamper.pth && printf "%s" "{hook}" > sitecustomize.py && '
+        "printf 'def test_fails():\\n    assert 0\\n' > /tmp/test_fails.py && "
+        "cd / && python -m pytest -q -p no:cacheprovider /tmp/test_fails.py | tail -1")}).json()
+    assert dropped["exit_code"] == 0, dropped["output"]
+    assert "1 passed" in dropped["output"], dropped["output"]  # in the session, it forges
+    finished = shared_executor.post(f"/session/{sid}/finish", json={
+        "test_patch": task.test_patch, "fail_to_pass": task.fail_to_pass,
+        "pass_to_pass": task.pass_to_pass}).json()
+    result = finished["result"]
+    assert result["status"] == "unresolved", (result["error"], result["log"][-2000:])
+    assert {"sitecustomize.py", "zz_tamper.pth"} <= set(result["excluded_files"])
+    assert result["canaries"] == 3
+    assert result["error_code"] is None  # nothing forged reached the grading: plainly unresolved
+    assert result["tests"]["tests/test_calc.py::test_add"] == "FAILED"

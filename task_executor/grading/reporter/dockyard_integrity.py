@@ -39,6 +39,8 @@ _WATCHED = (
     ("unittest.result", ("TestResult",)),
     ("unittest.suite", ("TestSuite", "BaseTestSuite")),
     ("unittest.runner", ("TextTestResult", "TextTestRunner")),
+    ("dockyard_integrity", ("watch", "hook_watch", "_behaviour", "_probes", "_changed",
+                            "_targets", "_package", "_only_added", "_nothing_added")),
 )
 SENSITIVE_HOOKS = (
     "pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_runtest_logreport",
@@ -193,25 +195,29 @@ def watch(extra=()):
     classes while they configure (pytest's legacypath adds ``Session.startdir``); anything
     else that changed since the record is returned, and the record is taken again."""
     targets = _targets(extra)
+    # This module's own functions, held here: replacing them in the module changes nothing the
+    # record does (and the module's functions are watched targets too).
+    behaviour, probes_of, changed_in, sha256 = _behaviour, _probes, _changed, hashlib.sha256
+    only_added = _only_added
 
     def take(get):
         obj = get()
         namespace = dict(vars(obj)) if isinstance(obj, type) else None
-        return obj, namespace, [(lambda: (get(),), (obj,))] + _probes(obj, set())
+        return obj, namespace, [(lambda: (get(),), (obj,))] + probes_of(obj, set())
 
     recorded = [take(get) for _, get in targets]
 
     def check():
         # (zip without strict=: the task's Python may be older than 3.10; same lengths here.)
         return [label for (label, _), (_, _, probes) in zip(targets, recorded)  # noqa: B905
-                if _changed(probes)]
+                if changed_in(probes)]
 
     def digest():
         marks = {}
         for label, get in targets:
             ids = ",".join(str(id(part)) if not isinstance(part, str) else part
-                           for part in _behaviour(get(), set()))
-            marks[label] = hashlib.sha256(ids.encode()).hexdigest()[:16]
+                           for part in behaviour(get(), set()))
+            marks[label] = sha256(ids.encode()).hexdigest()[:16]
         return marks
 
     def settle(packages):
@@ -219,7 +225,7 @@ def watch(extra=()):
         for label in check():
             index = [t[0] for t in targets].index(label)
             before_obj, namespace, _ = recorded[index]
-            if namespace is None or targets[index][1]() is not before_obj or not _only_added(
+            if namespace is None or targets[index][1]() is not before_obj or not only_added(
                     before_obj, namespace, packages):
                 changed.append(label)
         recorded[:] = [take(get) for _, get in targets]

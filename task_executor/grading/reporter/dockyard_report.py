@@ -210,7 +210,16 @@ class _Guard:
         if ``settled`` (else ``settle`` does, once pytest is configured). The record covers
         this module's own hooks and this guard's functions too."""
         namespace = globals()
-        write = record  # held here: replacing the module's ``record`` does not silence this
+        stream = _open_once()
+        dumps = json.dumps
+
+        def write(**fields):
+            # The stream itself, held here: replacing the module's ``record`` or ``_stream``
+            # does not silence the record (a file object's methods cannot be replaced).
+            if stream is not None:
+                stream.write(dumps(fields, sort_keys=True) + "\n")
+                stream.flush()
+
         told = set()
         strangers = []
         packages = set()
