@@ -442,7 +442,9 @@ class TaskResult(_Response):
         "names are never shown).",
     )
     canaries_skipped: str | None = Field(
-        default=None, description="Why this grading planted no canaries (null: it did)."
+        default=None,
+        description="Why this grading planted no canaries (null: it did, or it never got as far "
+        "as running the tests). With canaries the test command exits 1 (some fail by design).",
     )
     control_run: bool | None = Field(
         default=None,

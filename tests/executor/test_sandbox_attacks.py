@@ -905,14 +905,15 @@ def test_code_under_test_cannot_rewrite_its_own_verdict(executor, demo_task):
     import rewrote what it records (sys.modules['dockyard_report'].record) and forced exit status
     0 (atexit os._exit(0)): an unfixed bug was graded `resolved` while pytest's own output showed
     the failures. The reporter's count is now checked against pytest's summary line, which the
-    executor reads from the output out of process; they disagree, the control agrees."""
+    executor reads from the output out of process (they disagree, the control agrees); and the
+    replaced record function and the canaries reported passed are tampering (test_tampering)."""
     _require_sandbox(executor)
     source = BASE_FILES["calc/__init__.py"]
     patch = diff_of(Path(demo_task.repo), {"calc/__init__.py": FORGE_THE_REPORTER + source})
     result = executor.submit(demo_task.request("forger", patch)).json()
     assert "assert -1 == 5" in result["log"]  # the bug is still there
     assert result["test_exit_code"] == 0  # the forged exit status
-    assert (result["status"], result["error_code"]) == ("unresolved", "report_mismatch"), result
+    assert (result["status"], result["error_code"]) == ("unresolved", "tampered"), result
 
 
 def test_a_test_run_that_kills_itself_is_unresolved(executor, demo_task):
