@@ -118,7 +118,7 @@ PYTEST_ATTACKS = {
         "for _pm in [o for o in gc.get_objects() if isinstance(o, _managers)]:\n"
         "    _pm._inner_hookexec = _multicall\n"),
     # The record's own module disarmed, then only the FAIL_TO_PASS tests made no-ops (the
-    # canaries come out right): the end marks, computed from the live objects, tell.
+    # canaries come out right): the record holds its functions in closures, so it still tells.
     "disarm-the-record": (
         "import dockyard_integrity, _pytest.python\n"
         "dockyard_integrity._changed = lambda probes: False\n"
@@ -247,11 +247,24 @@ def _assert_no_canary_shown(result: dict, task: DemoTask) -> None:
     assert shown <= required, shown - required
 
 
+# Which defence speaks first, where it is worth pinning: the canaries alone catch a rewrite of
+# the report file; the record alone catches the targeted forgeries (the canaries come out right).
+CAUGHT_BY = {
+    "atexit-rewrites-report": "in tests/test_calc.py, planted to fail, was reported PASSED",
+    "runtest-noop-only-f2p": "_pytest.python.Function",
+    "gc-plugin-flips-only-f2p": "plugin flip implements pytest_runtest_makereport",
+    "atexit-appends-f2p-passes": "two outcomes for one test phase",
+    "pluggy-multicall": "hook executor was replaced",
+    "disarm-the-record": "_pytest.python.Function",  # the record holds its own functions
+}
+
+
 @pytest.mark.parametrize("attack", list(PYTEST_ATTACKS))
 def test_a_tampering_patch_is_unresolved_tampered(shared_executor, task, attack):
     result = shared_executor.submit(task.request(f"tamper-{attack}",
                                                  _attack(task, PYTEST_ATTACKS[attack]))).json()
     _assert_tampered(result, task)
+    assert CAUGHT_BY.get(attack, "") in result["error"]
 
 
 @pytest.mark.parametrize("attack", ["runtest-noop", "runtest-noop-only-f2p",
