@@ -519,6 +519,35 @@ PTH_HOOK = ("import sys, site; sys.path.extend(site.getsitepackages()); "
             "exec(\"import _pytest.python as p\\np.Function.runtest = lambda self: None\")\n")
 
 
+FORK_AND_FORGE = (
+    "import os, sys, time, glob, json\n"
+    "if os.fork() == 0:\n"
+    "    # The child outlives the test process and appends passes for every test it ran.\n"
+    "    parent = os.getppid()\n"
+    "    while os.getppid() == parent:\n"
+    "        time.sleep(0.05)\n"
+    "    for name in glob.glob('/tmp/report-*.jsonl'):\n"
+    "        records = [json.loads(line) for line in open(name)]\n"
+    "        with open(name, 'a') as out:\n"
+    "            for record in records:\n"
+    "                if record.get('kind') == 'test':\n"
+    "                    out.write(json.dumps({**record, 'outcome': 'passed'}) + '\\n')\n"
+    "    os._exit(0)\n"
+)
+
+
+def test_a_forked_child_that_forges_after_the_run_gains_nothing(shared_executor, task):
+    """A child forked at import waits for the test process to end, then appends passes to the
+    report: either the executor has read the report by then (the run's own outcomes stand) or
+    it reads two outcomes for one phase (tampered). Never resolved."""
+    result = shared_executor.submit(task.request("fork", _attack(task, FORK_AND_FORGE))).json()
+    assert (result["status"], result["resolved"]) == ("unresolved", False), (
+        result["error"], result["log"][-2000:])
+    assert result["error_code"] in (None, "tampered"), result["error"]
+    assert result["tests"]["tests/test_calc.py::test_add"] != "PASSED" or (
+        result["error_code"] == "tampered")
+
+
 def test_start_up_hooks_dropped_where_python_looks_do_not_forge(shared_executor, task):
     """A session drops the no-op where Python looks at start-up: a .pth and a sitecustomize
     in the interpreter's site-packages (a copy-on-write runtime directory: writable), and
