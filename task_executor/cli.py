@@ -157,13 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "auth: %s",
         f"bearer token required (from {source.origin})" if source else "none (no token set)",
     )
-    from task_executor.service.lifecycle import BaseDirInUse
+    from task_executor.service.lifecycle import BaseDirInUse, ServingFailed
 
     try:
         serve(settings, private_mounts=entry_point)
     except BaseDirInUse as exc:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2
+    except ServingFailed as exc:  # logged with its traceback where it happened
+        print(f"task-executor: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

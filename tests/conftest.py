@@ -181,7 +181,8 @@ def serve_in_thread(
     def poll_until_stopped() -> None:
         # Polling in short rounds lets stop() end the loop before any socket is closed under it.
         while not stopping.is_set():
-            server.asyncore.loop(timeout=0.05, map=server._map, count=1)
+            server.asyncore.loop(timeout=0.05, map=server._map, count=1,
+                                 use_poll=server.adj.asyncore_use_poll)
 
     thread = threading.Thread(target=poll_until_stopped, daemon=True)
     thread.start()

@@ -104,10 +104,14 @@ def run_command(
 
 
 def _drain(fd: int, output: CappedOutput, stop: threading.Event) -> None:
+    # poll(), not select(): an executor holding many sessions hands out fds past 1024, which
+    # select() refuses (the drain died, the command lost its stdout and every grading had no
+    # verdict).
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     try:
         while True:
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if ready:
+            if poller.poll(100):
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     break

@@ -146,6 +146,10 @@ def install(app: Flask) -> Drain:
 # -- cleaning the base directory ---------------------------------------------------------------
 
 
+class ServingFailed(RuntimeError):
+    """The serving loop raised: the executor cannot serve and must exit non-zero."""
+
+
 class BaseDirInUse(RuntimeError):
     """Another live executor holds the base directory's lock."""
 
@@ -262,12 +266,18 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while not stop.is_set():
-            server.asyncore.loop(
-                timeout=server.adj.asyncore_loop_timeout,
-                map=server._map,
-                use_poll=server.adj.asyncore_use_poll,
-                count=1,
-            )
+            try:
+                server.asyncore.loop(
+                    timeout=server.adj.asyncore_loop_timeout,
+                    map=server._map,
+                    use_poll=server.adj.asyncore_use_poll,
+                    count=1,
+                )
+            except Exception as exc:
+                # Never a quiet drain: a loop that raised serves nobody, so say why and let the
+                # caller exit non-zero for the supervisor to restart us (after the cleanup below).
+                log.exception("the serving loop failed; shutting down to be restarted")
+                raise ServingFailed(f"the serving loop failed: {exc!r}") from exc
         if drained and drained[0]:
             _flush(server)
         else:
@@ -290,7 +300,9 @@ def _flush(server: Any) -> None:
         getattr(c, "total_outbufs_len", 0) or getattr(c, "requests", None)
         for c in _channels(server)
     ):
-        server.asyncore.loop(timeout=0.05, map=server._map, count=1)
+        server.asyncore.loop(
+            timeout=0.05, map=server._map, use_poll=server.adj.asyncore_use_poll, count=1
+        )
 
 
 def release_mounts(services: Services) -> None:

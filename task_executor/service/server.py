@@ -1,5 +1,6 @@
-"""The waitress server the executor runs on (:func:`make_server`): its own settings, worker
-threads woken most-recently-idle first, and its own error answers in the protocol's JSON.
+"""The waitress server the executor runs on (:func:`make_server`): its own settings (its loop
+polls with ``poll()``, which takes any fd number), worker threads woken most-recently-idle
+first, and its own error answers in the protocol's JSON.
 
 **Workers** (:class:`LifoTaskDispatcher`).
 
@@ -113,6 +114,10 @@ def make_server(
         # per live session and per grading), and a connection over it waits unanswered.
         connection_limit=max(100, 4 * (settings.max_sessions + settings.threads)),
         ident="dockyard",
+        # poll(), not select(): select() cannot take an fd of 1024 or more, and each live session
+        # holds about ten, so past ~100 sessions the next new connection raised in the loop and
+        # took the whole executor down with it.
+        asyncore_use_poll=True,
     )
     server.channel_class = JsonErrorChannel
     return server
