@@ -17,13 +17,14 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from task_executor.sandbox.confined import ConfinedTree
+from task_executor.sandbox.confined import ConfinedTree, TooLarge
 from task_executor.workspaces.gitcmd import git
 from task_executor.workspaces.treegit import APPLY_FUNCTION, literal_pathspecs, run_in_tree
 from task_executor.workspaces.workspace import Workspace
 
 from .diffs import split_patch, touched_paths
 from .testconfig import (
+    MAX_SECTIONED_BYTES,
     SECTIONED_FILES,
     drop_test_config,
     is_forbidden_path,
@@ -31,8 +32,6 @@ from .testconfig import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 class PatchFailed(Exception):
@@ -251,9 +250,13 @@ def _restore_sections(workspace: Workspace, path: str) -> bool:
         planted = False
         if tree.exists(path):
             info = tree.lstat(path)
-            if stat.S_ISREG(info.st_mode):
-                patched = tree.read_bytes(path, MAX_CONFIG_BYTES).decode(
-                    "utf-8", "surrogateescape")
+            if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_SECTIONED_BYTES:
+                try:
+                    patched = tree.read_bytes(path, MAX_SECTIONED_BYTES).decode(
+                        "utf-8", "surrogateescape")
+                except TooLarge:  # it grew after the lstat: the agent's, not read
+                    planted = True
+                    tree.remove(path)
             else:
                 planted = True
                 tree.remove(path)

@@ -40,7 +40,9 @@ SECTIONED_FILES = {"setup.cfg", "pyproject.toml"}
 
 _CFG_SECTION = re.compile(r"^(tool:pytest|pytest|coverage(:.*)?|tox(:.*)?)$")
 _TOML_TABLE = re.compile(r"^tool\.(pytest|coverage|tox)(\..*)?$")
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+MAX_SECTIONED_BYTES = 1024 * 1024
+"""An agent's setup.cfg / pyproject.toml over this is not read at all: it goes back to its base
+content whole (a real one is a few KiB; parsing 16 MiB of TOML held the GIL for seconds)."""
 
 
 def is_test_config_file(path: str) -> bool:
@@ -74,16 +76,38 @@ def _is_test_section(filename: str, header: str) -> bool:
     return bool(_TOML_TABLE.match(header))
 
 
+def table_header(line: str) -> str | None:
+    """The name in an INI section or TOML table header line (``[name]``, ``[[name]]``, spaces
+    and a trailing comment allowed), else None.
+
+    Read by hand in one pass: the regex this replaces (``\\s*\\[\\[?\\s*([^\\]]+?)\\s*\\]...``)
+    backtracked cubically in the line's length, and one 6 KB line in an agent's pyproject.toml
+    held the GIL for 23 s."""
+    rest = line.lstrip()
+    if not rest.startswith("["):
+        return None
+    rest = rest[2:] if rest.startswith("[[") else rest[1:]
+    close = rest.find("]")
+    if close <= 0:
+        return None
+    name = rest[:close].strip()
+    after = rest[close + 1 :]
+    after = (after[1:] if after.startswith("]") else after).strip()
+    if after and not after.startswith("#"):
+        return None
+    return name or rest[:close]
+
+
 def _sections(text: str, filename: str) -> list[tuple[str | None, str]]:
     """Split an INI/TOML file into (header or None, text) blocks at table headers."""
     blocks: list[tuple[str | None, str]] = []
     header: str | None = None
     current: list[str] = []
     for line in re.split(r"(?<=\n)", text):
-        match = _HEADER.match(line.rstrip("\r\n"))
-        if match:
+        name = table_header(line.rstrip("\r\n"))
+        if name is not None:
             blocks.append((header, "".join(current)))
-            header, current = match.group(1), [line]
+            header, current = name, [line]
         else:
             current.append(line)
     blocks.append((header, "".join(current)))
@@ -91,7 +115,19 @@ def _sections(text: str, filename: str) -> list[tuple[str | None, str]]:
 
 
 def _test_view(text: str, filename: str) -> object:
-    """What the test runner would read from the file's test-configuring parts."""
+    """What the test runner would read from the file's test-configuring parts; an ``unparsable``
+    marker for whatever no parser takes (too big, too deep, bytes it refuses): an agent's file
+    that cannot be read is one whose test sections cannot be trusted, never an executor fault."""
+    if len(text) > MAX_SECTIONED_BYTES:
+        return ("unparsable", "too large", len(text))
+    try:
+        return _parsed_view(text, filename)
+    except (RecursionError, ValueError, UnicodeError, MemoryError):
+        # tomllib recurses per nesting level; configparser raises beyond its own Error tree.
+        return ("unparsable", text)
+
+
+def _parsed_view(text: str, filename: str) -> object:
     if filename == "setup.cfg":
         parser = configparser.RawConfigParser(strict=False, interpolation=None)
         try:
@@ -118,6 +154,8 @@ def restore_test_sections(filename: str, base: str, patched: str) -> tuple[str, 
     equal to the base's (dotted keys, inline tables, an unparsable file), the whole file falls back
     to ``base``: correctness of the verdict beats keeping the agent's other edits to this file.
     """
+    if len(patched) > MAX_SECTIONED_BYTES:
+        return base, True  # not read at all (see MAX_SECTIONED_BYTES)
     if _test_view(patched, filename) == _test_view(base, filename):
         return patched, False
     base_blocks = {h: body for h, body in _sections(base, filename) if h is not None}
