@@ -150,6 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the re-exec itself failed: never serve with the token on show
         print(f"task-executor: cannot re-exec to hide the token: {exc}", file=sys.stderr)
         return 2
+    if source is not None and source.kind == "file" and settings.sandbox_mode != "none":
+        from task_executor.service.services import executor_paths
+
+        exposed = hardening.token_file_exposure(
+            source.path, [str(settings.base_dir), *settings.hide_paths, *executor_paths()])
+        if exposed is not None:
+            print(f"task-executor: {exposed}", file=sys.stderr)
+            return 2
     configure_logging(settings)
     if dumpable is not None:
         (log.info if dumpable[0] else log.warning)("%s", dumpable[1])

@@ -120,6 +120,43 @@ def choose_source(
     return None
 
 
+SANDBOX_PRIVATE_TOPS = ("/tmp", "/run", "/var/run", "/proc", "/dev")
+"""Top-level directories every sandbox has its own of: a file below them is out of its sight."""
+
+
+def token_file_exposure(path: str, hidden: Sequence[str]) -> str | None:
+    """Why code under test could read the token file at ``path``, or None when it cannot.
+
+    Sandboxes see the host read-only, but for ``hidden`` paths (the base directory, the
+    executor's own) and their private /tmp and /run. Root inside a sandbox holds no capability
+    outside, so it reads what any other uid may: a file that is world-readable (0644, as a
+    Kubernetes Secret volume makes by default) below directories anyone may pass."""
+    real = os.path.realpath(path)
+    if any(real == top or real.startswith(top.rstrip("/") + "/")
+           for top in (*SANDBOX_PRIVATE_TOPS, *(os.path.realpath(h) for h in hidden))):
+        return None
+    try:
+        mode = os.stat(real).st_mode
+        blocked = [parent for parent in _parents(real)
+                   if not os.stat(parent).st_mode & stat.S_IXOTH]
+    except OSError:
+        return None  # unreadable to us too: load_token says so
+    if not mode & stat.S_IROTH or blocked:
+        return None
+    return (f"the token file {path} is readable by code under test (mode "
+            f"{stat.S_IMODE(mode):04o}, and every directory above it may be passed): make it 0600 "
+            f"(Kubernetes: defaultMode: 0400 on the Secret volume), or keep it in a directory "
+            f"others cannot pass (0700)")
+
+
+def _parents(path: str) -> list[str]:
+    parents, current = [], os.path.dirname(path)
+    while current not in ("/", ""):
+        parents.append(current)
+        current = os.path.dirname(current)
+    return [*parents, "/"]
+
+
 def load_token(source: TokenSource | None) -> str | None:
     """The token itself (read from the file or the pipe, which is then closed), checked."""
     if source is None:

@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,68 @@ def _repo(tmp_path: Path) -> tuple[Path, str]:
 
     repo = tmp_path / "repo"
     return repo, init_repo(repo, {"a.txt": "a\n"})
+
+
+# -- a token file code under test could read -----------------------------------------------
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A directory outside /tmp (every sandbox has a private /tmp): sandboxes see it read-only."""
+    path = Path(tempfile.mkdtemp(prefix="dockyard-token-test-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _token_at(path: Path, mode: int) -> Path:
+    path.write_text("s3cret-token-for-the-test\n")
+    path.chmod(mode)
+    return path
+
+
+def test_a_token_file_code_under_test_could_read_refuses_to_start(tmp_path, host_dir):
+    secret = _token_at(host_dir / "token", 0o644)  # a Kubernetes Secret volume's default
+    done = subprocess.run(
+        [sys.executable, "-m", "task_executor", "serve", "--host", "127.0.0.1", "--port", "0",
+         "--base-dir", str(tmp_path / "base"), "--token-file", str(secret)],
+        env={k: v for k, v in os.environ.items() if k != "API_TOKEN"},
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    line = refusal_line(done)
+    assert f"the token file {secret} is readable by code under test (mode 0644" in line
+    assert "s3cret" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("layout", ["file-0600", "directory-0700"])
+def test_a_token_file_out_of_reach_serves_and_a_session_cannot_read_it(tmp_path, host_dir,
+                                                                       layout):
+    if layout == "file-0600":
+        secret = _token_at(host_dir / "token", 0o600)
+    else:
+        (host_dir / "private").mkdir(mode=0o700)
+        (host_dir / "private").chmod(0o700)
+        secret = _token_at(host_dir / "private" / "token", 0o644)
+    base = tmp_path / "base"
+    env = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "task_executor", "serve", "--host", "127.0.0.1", "--port", "0",
+         "--base-dir", str(base), "--token-file", str(secret)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().rsplit(" ", 1)[1]
+        auth = {"Authorization": "Bearer s3cret-token-for-the-test"}
+        repo, commit = _repo(tmp_path)
+        started = requests.post(url + "/session/start", headers=auth, timeout=60, json={
+            "repo": str(repo), "base_commit": commit}).json()
+        ran = requests.post(f"{url}/session/{started['session_id']}/exec", headers=auth,
+                            timeout=60, json={"command": f"cat {secret}; echo rc=$?"}).json()
+        assert "s3cret" not in ran["output"] and "rc=1" in ran["output"], ran
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+        assert proc.stdout is not None
+        proc.stdout.close()
