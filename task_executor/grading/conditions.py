@@ -3,16 +3,17 @@
 Denied egress and the uid alone flipped up to 4.9% of labels on SWE-Gym tasks (Sandman's condition
 probe), so every result says what its tests ran under, and a task may declare what it needs.
 
-Fixed by the executor and known to it: the CPU quota (its own cgroup's: code under test gets no
-CPU cgroup of its own), the memory limit (the workspace's memory cgroup, else the executor's own),
-egress (the network namespace a grading asks for) and the workspace mode. Measured inside the
-sandbox, where they can differ from the executor's view: the CPUs visible, uid and gid as code under
-test sees them, the size of its private ``/dev/shm``, its time zone and the version of ``python``
-on its ``PATH``. The probe runs once per template (repository, commit, setup, environment), in the
-first workspace of that template a grading or session makes, before any agent patch is in it, and
-is kept: later gradings pay nothing. Until a template was probed, its inside fields are the
-executor's expectation (its own affinity, the configured uid and ``/dev/shm`` size, its time zone),
-so a requirement is refused before any work wherever it can be, and right after the probe else.
+Fixed by the executor and known to it: the CPU quota (its own cgroup's), the CPU weight (each
+workspace's CPU cgroup has the same one: ``cpu_weight``), the memory limit (the workspace's memory
+cgroup, else the executor's own), egress (the network namespace a grading asks for) and the
+workspace mode. Measured inside the sandbox, where they can differ from the executor's view: the
+CPUs visible, uid and gid as code under test sees them, the size of its private ``/dev/shm``, its
+time zone and the version of ``python`` on its ``PATH``. The probe runs once per template
+(repository, commit, setup, environment), in the first workspace of that template a grading or
+session makes, before any agent patch is in it, and is kept: later gradings pay nothing. Until a
+template was probed, its inside fields are the executor's expectation (its own affinity, the
+configured uid and ``/dev/shm`` size, its time zone), so a requirement is refused before any work
+wherever it can be, and right after the probe else.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class ConditionProbe:
         conditions = RunConditions(
             cpus=len(os.sched_getaffinity(0)),
             cpu_quota=cpu_quota(),
+            cpu_weight=self.workspaces.groups.cpu_weight if self.workspaces.groups else None,
             memory_limit_bytes=min_limit(memory, own_memory_limit()),
             uid=uid,
             gid=gid,

@@ -235,7 +235,7 @@ def detect(base_dir: Path, sandbox_uid: int, sandbox: bool = True,
     if not idmap:
         missing.setdefault("idmap", "idmapped mounts refused (kernel >= 5.12, root)")
     controllers = cgroups.available() if root else frozenset()
-    for name in ("pids", "memory"):
+    for name in cgroups.CONTROLLERS:
         if name not in controllers:
             missing.setdefault(f"cgroup_{name}", "no writable cgroup hierarchy for it")
     mount_namespace = executor_namespace.current()  # entered (or not) before the app was built

@@ -7,6 +7,10 @@ processes, whoever they claim to be. The memory controller caps what the workspa
 enters its group before it becomes the sandbox uid (the launcher's wrapper), and nothing inside can
 leave: the hierarchy is read-only in the sandbox and owned by the host's root.
 
+The cpu controller gives every workspace a group of the same weight (v1 ``cpu.shares`` 1024, v2
+``cpu.weight`` 100), so the scheduler shares the CPU between workspaces, not between threads: a
+session running 128 busy loops gets no more of it than a neighbour's grading running one.
+
 cgroup v1 (one hierarchy per controller, as on this machine) and v2 (one unified hierarchy whose
 root delegates ``pids`` and ``memory``) are both handled; where neither can be written (a default
 Kubernetes pod), ``available()`` is empty and the limits fall back to rlimits.
@@ -28,7 +32,11 @@ _UNLIMITED = {"pids": "max", "memory": "-1"}  # what cgroup v1 takes for "no lim
 _LIMIT_FILES = {
     ("v1", "pids"): "pids.max", ("v1", "memory"): "memory.limit_in_bytes",
     ("v2", "pids"): "pids.max", ("v2", "memory"): "memory.max",
+    ("v1", "cpu"): "cpu.shares", ("v2", "cpu"): "cpu.weight",
 }
+CONTROLLERS = ("pids", "memory", "cpu")
+CPU_WEIGHT = {"v1": 1024, "v2": 100}
+"""Every workspace's CPU weight: each controller version's default, the same for all."""
 
 
 def _hierarchy(controller: str) -> tuple[str, Path] | None:
@@ -59,9 +67,9 @@ def _probe(version: str, parent: Path, controller: str) -> bool:
 
 
 def available() -> frozenset[str]:
-    """The controllers (of ``pids``, ``memory``) a group can be made and limited in."""
+    """The controllers (of ``pids``, ``memory``, ``cpu``) a group can be made and limited in."""
     found = set()
-    for controller in ("pids", "memory"):
+    for controller in CONTROLLERS:
         where = _hierarchy(controller)
         if where is not None and _probe(*where, controller):
             found.add(controller)
@@ -122,29 +130,39 @@ class Groups:
     def __init__(self, controllers: frozenset[str], executor_id: str,
                  pids_max: int | None, memory_bytes: int | None,
                  all_pids: int | None = None, all_memory_bytes: int | None = None) -> None:
-        self.limits = {"pids": pids_max, "memory": memory_bytes}
+        self.limits: dict[str, int | None] = {"pids": pids_max, "memory": memory_bytes}
         # The parent's own limit binds all its workspaces together (see ``host_budget``).
         self.totals = {"pids": all_pids, "memory": all_memory_bytes}
         self.parents: dict[str, tuple[str, Path]] = {}
         for controller in controllers:
             where = _hierarchy(controller)
-            if where is not None and (self.limits[controller] is not None
-                                      or self.totals[controller] is not None):
-                version, root = where
-                parent = root / f"dockyard-{executor_id}"
-                parent.mkdir(exist_ok=True)
-                if version == "v2":
-                    with contextlib.suppress(OSError):
-                        (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            if where is None:
+                continue
+            version, root = where
+            if controller == "cpu":
+                self.limits["cpu"] = CPU_WEIGHT[version]  # always: fairness needs no setting
+            elif self.limits[controller] is None and self.totals[controller] is None:
+                continue
+            parent = root / f"dockyard-{executor_id}"
+            parent.mkdir(exist_ok=True)
+            if version == "v2":
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            if controller != "cpu":  # the parent keeps the default weight among its siblings
                 total = self.totals[controller]
                 (parent / _LIMIT_FILES[(version, controller)]).write_text(
                     "max" if total is None and version == "v2"
                     else str(total if total is not None else _UNLIMITED[controller]))
-                self.parents[controller] = (version, parent)
+            self.parents[controller] = (version, parent)
 
     @property
     def controllers(self) -> frozenset[str]:
         return frozenset(self.parents)
+
+    @property
+    def cpu_weight(self) -> int | None:
+        """Every workspace's CPU weight, or None without a cpu group per workspace."""
+        return self.limits.get("cpu") if "cpu" in self.parents else None
 
     def create(self, name: str) -> Group | None:
         if not self.parents:

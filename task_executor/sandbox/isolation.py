@@ -70,6 +70,9 @@ class Sandbox:
     """Host directories every workspace sees copy-on-write (the workspace factory mounts them)."""
     host_view: tuple[str, ...] = ("--ro-bind", "/", "/")
     """bwrap arguments that show the host read-only (see ``hostview``)."""
+    seccomp_filter: Path | None = None
+    """The compiled filter bubblewrap installs (see ``seccomp``; root-only, opened by the
+    wrapper), or None where there is none for this machine."""
 
     @property
     def active(self) -> bool:
@@ -118,24 +121,25 @@ class Sandbox:
                 uid, gid = self.run_as
                 tail = [*tail, host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}",
                         f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
-            argv = [*_wrapper(cgroup_files, None), *tail] if cgroup_files else tail
+            argv = [*_wrapper(cgroup_files, None, None), *tail] if cgroup_files else tail
             return Launcher(tuple(argv), namespace)
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
-        options = self._bwrap_options(tree, tmp, deny_network, binds, chdir)
+        options = self._bwrap_options(tree, tmp, deny_network, binds, chdir, group)
+        seccomp = self.seccomp_filter
         if args_dir is None:
-            argv = [*_wrapper(cgroup_files, None), *drop_to(uid), *rlimits,
+            argv = [*_wrapper(cgroup_files, None, seccomp), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, *options, "--"]
         else:
             args_files = (_write_args(args_dir, options),
                           _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
-            argv = [*_wrapper(cgroup_files, args_files), *drop_to(uid), *rlimits,
+            argv = [*_wrapper(cgroup_files, args_files, seccomp), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, "--args", "3", "--"]
         return Launcher(tuple(argv), namespace)
 
     def _bwrap_options(
         self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...],
-        chdir: str | None = None,
+        chdir: str | None = None, group: Group | None = None,
     ) -> list[str]:
         inside_uid, inside_gid = self.run_as or (0, 0)
         fixed = self.fixed_path or "/testbed"
@@ -147,6 +151,12 @@ class Sandbox:
             *self.host_view, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run",
         ]
         argv += ["--size", str(self.limits.shm_bytes), "--tmpfs", "/dev/shm"]
+        # The cgroup tree names every workspace's group and shows its usage: a sandbox sees its
+        # own groups only, read-only, where a tool reading its limits looks for them.
+        argv += ["--tmpfs", CGROUP_ROOT]
+        for source, target in own_cgroup_binds(group):
+            argv += ["--ro-bind", source, target]
+        argv += ["--remount-ro", CGROUP_ROOT]
         if tmp is not None:
             argv += ["--bind", str(tmp), "/tmp"]
         argv += ["--bind", str(tree), fixed]
@@ -160,6 +170,8 @@ class Sandbox:
             argv += ["--ro-bind", str(self.reporter_dir), REPORTER_MOUNT]
         if self.host_view[:2] == ("--tmpfs", "/"):
             argv += ["--remount-ro", "/"]  # after every mount point was made in it
+        if self.seccomp_filter is not None:
+            argv += ["--seccomp", str(SECCOMP_FD)]  # the wrapper opened the filter there
         return [*argv, "--chdir", chdir or fixed, "--hostname", "dockyard"]
 
     @property
@@ -188,18 +200,39 @@ class Sandbox:
 # arrays back on free. bwrap then drops the variable (the second options file says
 # ``--unsetenv``), so code under test never sees it; a task that sets its own keeps it, and the
 # first options file (without the unset) is used.
+#
+# And the seccomp filter (see ``seccomp``), opened on fd 4 for bubblewrap's ``--seccomp 4``.
+SECCOMP_FD = 4
 _WRAPPER = (
-    'a=$1; b=$2; n=$3; shift 3; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
-    'n=$((n-1)); done; if [ -n "$a" ]; then if [ -n "${GLIBC_TUNABLES+x}" ]; then '
+    'a=$1; b=$2; s=$3; n=$4; shift 4; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; '
+    'shift; n=$((n-1)); done; if [ -n "$s" ]; then exec 4< "$s" || exit 125; fi; '
+    'if [ -n "$a" ]; then if [ -n "${GLIBC_TUNABLES+x}" ]; then '
     'exec 3< "$a" || exit 125; else export GLIBC_TUNABLES=' + MALLOC_TUNABLE + '; '
     'exec 3< "$b" || exit 125; fi; fi; unset PWD OLDPWD; exec "$@"'
 )
 
 
-def _wrapper(cgroup_files: list[str], args_files: tuple[Path, Path] | None) -> list[str]:
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def own_cgroup_binds(group: Group | None) -> list[tuple[str, str]]:
+    """(host directory, where the sandbox sees it) for each of a workspace's groups: a v1
+    controller's at ``/sys/fs/cgroup/<controller>``, the v2 group at ``/sys/fs/cgroup``."""
+    if group is None:
+        return []
+    binds = []
+    for controller, directory in sorted(group.directories.items()):
+        # <root>/<controller>/dockyard-<id>/<name> under v1, <root>/dockyard-<id>/<name> under v2
+        v2 = directory.parent.parent == Path(CGROUP_ROOT)
+        binds.append((str(directory), CGROUP_ROOT if v2 else f"{CGROUP_ROOT}/{controller}"))
+    return list(dict.fromkeys(binds))
+
+
+def _wrapper(cgroup_files: list[str], args_files: tuple[Path, Path] | None,
+             seccomp: Path | None) -> list[str]:
     own, unsetting = args_files or ("", "")
     return [host_program("sh") or "/bin/sh", "-c", _WRAPPER, "dockyard-sandbox",
-            str(own), str(unsetting), str(len(cgroup_files)), *cgroup_files]
+            str(own), str(unsetting), str(seccomp or ""), str(len(cgroup_files)), *cgroup_files]
 
 
 def _write_args(directory: Path, options: list[str]) -> Path:

@@ -18,8 +18,8 @@ from task_executor.config import Settings
 from task_executor.errors import ExecutorError
 from task_executor.grading.grader import REPORTER_DIR, Grader, owner_token, sandbox_env
 from task_executor.grading.task_registry import TaskRegistry
-from task_executor.sandbox import host_budget, isolation
-from task_executor.sandbox.capabilities import detect
+from task_executor.sandbox import host_budget, isolation, seccomp
+from task_executor.sandbox.capabilities import Capabilities, detect
 from task_executor.sandbox.cgroups import Groups
 from task_executor.sandbox.hostview import PRIVATE_TOP, HostView, build_host_view, host_view_argv
 from task_executor.sandbox.limits import Limits
@@ -39,6 +39,17 @@ PRIVATE_TOP_MOUNTS = tuple(f"/{name}" for name in sorted(PRIVATE_TOP))
 
 class SandboxUnavailable(ExecutorError):
     code = "sandbox_unavailable"
+
+
+def seccomp_filter(base_dir: Path, capabilities: Capabilities) -> Path | None:
+    """The keyring filter every sandbox gets (see ``sandbox.seccomp``), or None (reported)."""
+    if not capabilities.sandbox:
+        return None
+    written = seccomp.write_filter(base_dir / "seccomp.bpf")
+    if written is None:
+        capabilities.missing["seccomp"] = f"no filter for {os.uname().machine}: kernel " \
+            "keyrings are shared by every sandbox"
+    return written
 
 
 def searchable_base_dir(base_dir: Path) -> None:
@@ -124,12 +135,15 @@ class Services:
             ),
             reporter_dir=REPORTER_DIR,
             host_view=view.argv,
+            seccomp_filter=seccomp_filter(settings.base_dir, capabilities),
         )
         executor_id = owner_token(settings.base_dir)
         groups = None
         if capabilities.cgroup_controllers:
             def make_groups() -> Groups:
-                return Groups(capabilities.cgroup_controllers, executor_id,
+                controllers = capabilities.cgroup_controllers - (
+                    frozenset() if settings.cpu_fair_share else {"cpu"})
+                return Groups(controllers, executor_id,
                               pids_max=limits.pids, memory_bytes=limits.memory_bytes,
                               all_pids=limits.all_pids, all_memory_bytes=limits.all_memory_bytes)
 

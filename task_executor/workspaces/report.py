@@ -8,7 +8,7 @@ it was meant to be.
 from __future__ import annotations
 
 from sandbox_client.protocol import SandboxLimit, SandboxReport
-from task_executor.sandbox import confined
+from task_executor.sandbox import confined, seccomp
 from task_executor.sandbox.capabilities import Capabilities
 from task_executor.sandbox.limits import Limits
 
@@ -19,6 +19,7 @@ def sandbox_report(
     controllers: frozenset[str],
     runtime_directories: list[str],
     mode: str,
+    cpu_weight: int | None = None,
 ) -> SandboxReport:
     """The report for a factory in ``mode`` with these capabilities, limits, cgroup controllers
     and copy-on-write runtime directories."""
@@ -30,6 +31,8 @@ def sandbox_report(
     return SandboxReport(
         tool="bwrap" if caps.sandbox else "none",
         tool_source=caps.bwrap_source,  # type: ignore[arg-type]
+        denied_syscalls=list(seccomp.DENIED) if caps.sandbox and "seccomp" not in caps.missing
+        else [],
         user_namespace=caps.sandbox,
         sandbox_uid=caps.sandbox_uid,
         pid_namespace=caps.sandbox,
@@ -68,6 +71,10 @@ def sandbox_report(
             "shm": SandboxLimit(
                 limit=limits.shm_bytes if caps.sandbox else None,
                 enforced_by="tmpfs" if caps.sandbox else None,
+            ),
+            # Not a cap: the same weight for every workspace, so each gets a fair share.
+            "cpu_weight": SandboxLimit(
+                limit=cpu_weight, enforced_by="cgroup" if cpu_weight is not None else None,
             ),
         },
         file_access=confined.MODE,
