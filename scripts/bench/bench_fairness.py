@@ -8,6 +8,11 @@ against thread, as before issue 23). On each, in rounds that alternate which exe
 2. the same grading while a session of the same executor runs ``--loops`` busy loops
    (``loaded``), started just before and killed just after.
 
+Each executor runs in a CPU cgroup of its own (cgroup v1 ``cpu``), as it does in a Kubernetes pod:
+outside the root group the kernel's autogroup (one group per session, ``sched_autogroup``) does
+not apply, so without a group per workspace every process of every tenant competes thread
+against thread. (In the root group, on a desktop kernel, autogroup already splits by session.)
+
 A grading's test phase (``phases.tests``) is what a neighbour slows; the table gives its median
 quiet and loaded on each executor and the ratio, loaded / quiet. Nothing is asserted: the figures
 depend on the machine (2 CPUs here), and fairness means the ratio stays near the share a group
@@ -19,6 +24,7 @@ gets among the busy ones, not one. Needs root (cgroups). Prints a table, then on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,14 +46,25 @@ from task_executor.demo import make_demo_task  # noqa: E402
 FAST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
-def start(base: Path, fair: bool) -> tuple[subprocess.Popen[str], str]:
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+def pod_group(arm: str) -> Path:
+    """A CPU cgroup standing for the executor's pod."""
+    group = CPU_ROOT / f"dockyard-bench-{arm}-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    return group
+
+
+def start(base: Path, fair: bool, group: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "DOCKYARD_CPU_FAIR_SHARE": "1" if fair else "0",
            "DOCKYARD_TASK_EXECUTOR_THREADS": "8", "PYTHONPATH": str(ROOT)}
     env.pop("API_TOKEN", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "task_executor", "serve", "--host", "127.0.0.1", "--port", "0",
          "--base-dir", str(base)], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True)
+        stderr=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -85,17 +102,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loops", type=int, default=128)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("needs root (cgroups)")
+    if os.geteuid() != 0 or not (CPU_ROOT / "cgroup.procs").exists():
+        raise SystemExit("needs root and a cgroup v1 cpu hierarchy")
     work = Path(tempfile.mkdtemp(prefix="dockyard-fairness-", dir="/var/tmp"))
     work.chmod(0o711)
     demo = make_demo_task(work / "demo-repo")
     executors = {}
+    groups = {arm: pod_group(arm) for arm in ("fair", "shared")}
     figures: dict[str, dict[str, list[float]]] = {
         arm: {"quiet": [], "loaded": []} for arm in ("fair", "shared")}
     try:
         for arm in figures:
-            executors[arm] = start(work / arm, fair=arm == "fair")
+            executors[arm] = start(work / arm, fair=arm == "fair", group=groups[arm])
         for arm, (_, url) in executors.items():
             grade(url, demo, f"warm-{arm}")  # the template, built once
         for round_ in range(args.rounds):
@@ -116,6 +134,9 @@ def main() -> int:
             if proc.stdout is not None:
                 proc.stdout.close()
         shutil.rmtree(work, ignore_errors=True)
+        for group in groups.values():
+            with contextlib.suppress(OSError):
+                group.rmdir()
     summary = {}
     print(f"\n{sys.executable} {' '.join(sys.argv)}")
     print(f"{'executor':28} {'quiet p50':>10} {'loaded p50':>11} {'loaded/quiet':>13}")
