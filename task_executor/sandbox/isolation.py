@@ -70,6 +70,8 @@ class Sandbox:
     """Host directories every workspace sees copy-on-write (the workspace factory mounts them)."""
     host_view: tuple[str, ...] = ("--ro-bind", "/", "/")
     """bwrap arguments that show the host read-only (see ``hostview``)."""
+    root: str = "host"
+    """Whose root ``host_view`` shows: ``host``, or ``image`` (a task image's unpacked root)."""
 
     @property
     def active(self) -> bool:

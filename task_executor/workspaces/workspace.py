@@ -193,6 +193,7 @@ class WorkspaceFactory:
             self.capabilities, self.sandbox.limits,
             self.groups.controllers if self.groups is not None else frozenset(),
             self.runtime.directories if self.runtime is not None else [], self.mode,
+            self.sandbox.root,
         )
 
     # ------------------------------------------------------------------ create / destroy
