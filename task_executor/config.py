@@ -228,11 +228,36 @@ def image_problems(image: str | None, root: Path | None) -> list[str]:
         what = "is not a directory" if root.exists() else "does not exist"
         return [f"--image-root {root} {what}; unpack the image there first (docker export "
                 "IMAGE | tar -x -C DIR)"]
-    missing = [need for need in IMAGE_ROOT_NEEDS if not os.path.lexists(root / need)]
+    missing = [need for need in IMAGE_ROOT_NEEDS if _resolve_inside(root, need) is None]
     if missing:
         return [f"--image-root {root} lacks {', '.join(missing)}: not an unpacked root "
                 "filesystem with a shell; unpack the whole image there"]
     return []
+
+
+def _resolve_inside(root: Path, relative: str) -> Path | None:
+    """``relative`` below ``root`` with symlinks resolved as the sandbox will (an absolute one
+    from ``root``, never the host's ``/``), or None when it does not exist there."""
+    parts, current, hops = list(Path(relative).parts), root, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":  # never above the root, as inside the sandbox
+            current = current.parent if current != root else root
+            continue
+        current = current / part
+        if current.is_symlink():
+            hops += 1
+            if hops > 40:
+                return None
+            target = Path(os.readlink(current))
+            parts = [*target.parts[1:], *parts] if target.is_absolute() else [
+                *target.parts, *parts]
+            current = root if target.is_absolute() else current.parent
+        elif not current.exists():
+            return None
+    return current
 
 
 def _tristate(raw: str) -> bool | None:

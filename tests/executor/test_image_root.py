@@ -193,11 +193,17 @@ def test_a_malformed_image_reference_is_a_422(executor: RunningExecutor, demo_ta
     (["--image", "x"], "go together"),
     (["--image-root", "/"], "go together"),
     (["--image", "x", "--image-root", "EMPTY"], "lacks bin/sh, bin/bash"),
+    # bin -> /usr/bin resolves in the image, not on the host (which has a shell there).
+    (["--image", "x", "--image-root", "HOST_LINK"], "lacks bin/sh, bin/bash"),
+    (["--image", "a b", "--image-root", "/"], "is not an image reference"),
 ])
 def test_serve_refuses_an_image_root_it_cannot_use(tmp_path: Path, flags: list[str],
                                                    named: str) -> None:
     (tmp_path / "empty").mkdir()
-    flags = [str(tmp_path / "empty") if flag == "EMPTY" else flag for flag in flags]
+    (tmp_path / "host-link" / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "host-link" / "bin").symlink_to("/usr/bin")
+    roots = {"EMPTY": str(tmp_path / "empty"), "HOST_LINK": str(tmp_path / "host-link")}
+    flags = [roots.get(flag, flag) for flag in flags]
     done = subprocess.run(
         [sys.executable, "-m", "task_executor", "serve", "--host", "127.0.0.1", "--port", "0",
          "--base-dir", str(tmp_path / "base"), *flags],
