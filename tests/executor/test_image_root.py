@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from task_executor.demo import DemoTask
-from tests.conftest import RunningExecutor
+from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
 
 IMAGE = "registry.example/dockyard/task:demo"
 ETC_FILES = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d")
@@ -75,7 +75,8 @@ def image_executor(executor_factory: Callable[..., RunningExecutor],
 
 
 def _start(executor: RunningExecutor, demo_task: DemoTask, image: str | None) -> str:
-    body = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+    body: dict[str, object] = {"repo": demo_task.repo, "base_commit": demo_task.base_commit,
+                               "env": FAST_PYTEST_ENV}
     if image is not None:
         body["image"] = image
     answer = executor.post("/session/start", json=body)
@@ -144,6 +145,21 @@ def test_a_grading_in_the_image_gives_both_verdicts(
     assert fixed.json()["status"] == "resolved", fixed.json()
     unfixed = image_executor.submit({**demo_task.request("empty", ""), "image": IMAGE})
     assert unfixed.json()["status"] == "unresolved", unfixed.json()
+
+
+def test_a_session_in_the_image_finishes_with_a_verdict(
+    image_executor: RunningExecutor, demo_task: DemoTask,
+) -> None:
+    """finish captures the diff with the image's git and grades it in the image: the spec's
+    image is the session's, never refused."""
+    session = _start(image_executor, demo_task, IMAGE)
+    _run(image_executor, session, "sed -i 's/return a - b/return a + b/' calc/__init__.py")
+    finished = image_executor.post(f"/session/{session}/finish", json={
+        "test_patch": demo_task.test_patch, "fail_to_pass": demo_task.fail_to_pass,
+        "pass_to_pass": demo_task.pass_to_pass})
+    assert finished.status_code == 200, finished.text
+    assert finished.json()["result"]["status"] == "resolved", finished.json()
+    assert "+    return a + b" in finished.json()["patch"]
 
 
 def _refused_before_any_work(executor: RunningExecutor, answer_of: Callable[[], object],
