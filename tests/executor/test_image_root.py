@@ -90,6 +90,24 @@ def _run(executor: RunningExecutor, session: str, command: str) -> str:
     return answer.json()["output"]
 
 
+def test_the_view_of_an_image_root_shows_its_entries_at_the_root(tmp_path: Path) -> None:
+    """What every sandbox is shown (prebuilt, or entry by entry where it cannot be): the
+    image's entries each at /NAME, its symlinks as they are, its private tops left out."""
+    from task_executor.sandbox.hostview import host_view_argv
+
+    root = tmp_path / "image"
+    for name in ("usr", "etc", "proc", "tmp"):
+        (root / name).mkdir(parents=True)
+    (root / "bin").symlink_to("usr/bin")
+    argv = host_view_argv(tmp_path / "base", root=root)
+    assert argv[:2] == ("--tmpfs", "/")
+    at = argv.index("/usr")
+    assert argv[at - 2:at + 1] == ("--ro-bind-try", str(root / "usr"), "/usr")
+    assert ("--symlink", "usr/bin", "/bin") == argv[2:5]
+    assert "/proc" not in argv and "/tmp" not in argv
+    assert not any(arg.startswith("/home") or arg == "/root" for arg in argv)  # nothing of the host
+
+
 def test_health_reports_the_image_the_root_and_the_capacity(
     image_executor: RunningExecutor, executor: RunningExecutor,
 ) -> None:
