@@ -119,6 +119,22 @@ ShellText = Annotated[str, AfterValidator(_no_nul)]
 EnvMapping = Annotated[dict[str, str], AfterValidator(_env_mapping)]
 """Environment variables: shell-identifier names, values without NUL bytes."""
 
+IMAGE_REF_MAX = 255
+"""Longest image reference accepted (a registry host, path, tag and digest fit well inside)."""
+
+
+def _image_ref(value: str) -> str:
+    # A reference names a directory, a pod and a log line: nothing that could split an argument,
+    # a header or a line.
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError("an image reference holds no whitespace or control characters")
+    return value
+
+
+ImageRef = Annotated[str, Field(min_length=1, max_length=IMAGE_REF_MAX),
+                     AfterValidator(_image_ref)]
+"""A container image reference (``python:3.11``, ``ghcr.io/org/task@sha256:...``)."""
+
 
 _FULL_SHA = re.compile(r"^(?:[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")
 _REPEATED_SLASHES = re.compile(r"/{2,}")
@@ -296,6 +312,11 @@ class TaskSpec(GradingSpec):
     )
     conditions: RequiredConditions | None = Field(
         default=None, description="Conditions the tests must run under (409 where not met)."
+    )
+    image: ImageRef | None = Field(
+        default=None,
+        description="Task image the tests run in; an executor running another (or none) "
+        "refuses with 421 image_mismatch. Null: an executor running no image.",
     )
 
     @model_validator(mode="after")
@@ -498,6 +519,11 @@ class SandboxReport(_Response):
     pid_namespace: bool = Field(description="Own PID namespace and /proc: no host process seen.")
     mount_namespace: bool = Field(description="Own mount, IPC and UTS namespaces.")
     read_only_host: bool = Field(description="The host root is visible read-only.")
+    root: Literal["host", "image"] = Field(
+        default="host",
+        description="The root code under test sees: the host's, or the task image's unpacked "
+        "root filesystem (read-only either way).",
+    )
     executor_hidden: bool = Field(
         description="The executor's base dir, interpreter, venv and code are not visible."
     )
@@ -540,6 +566,10 @@ class HealthCapabilities(_Response):
     )
     sandbox: SandboxReport | None = Field(
         default=None, description="The sandbox in force (user/PID namespaces, limits, layers)."
+    )
+    image: str | None = Field(
+        default=None,
+        description="The task image this executor runs (specs must name it); null: none.",
     )
 
 
@@ -585,6 +615,9 @@ class SessionStartSpec(_Request):
         default=None,
         description="Conditions the session and its finish grading must run under; as in "
         "TaskSpec (409 at start where not met).",
+    )
+    image: ImageRef | None = Field(
+        default=None, description="Task image the session runs in; as in TaskSpec (421)."
     )
 
     @model_validator(mode="after")

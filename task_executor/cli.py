@@ -37,6 +37,15 @@ def _parser() -> argparse.ArgumentParser:
         "--token-file",
         help="read the token from this file, one trailing newline stripped (API_TOKEN_FILE)",
     )
+    serve.add_argument(
+        "--image", metavar="REF",
+        help="the task image this executor runs (DOCKYARD_IMAGE); needs --image-root",
+    )
+    serve.add_argument(
+        "--image-root", metavar="DIR",
+        help="that image's unpacked root filesystem, every sandbox's root, read-only "
+        "(DOCKYARD_IMAGE_ROOT); needs --image",
+    )
     # Internal: the re-exec'd image reads the token from this inherited pipe (see hardening).
     serve.add_argument("--token-fd", type=int, help=argparse.SUPPRESS)
     return parser
@@ -143,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads=args.threads,
             base_dir=args.base_dir,
             token=token,
+            image=args.image,
+            image_root=args.image_root,
         )
     except ValueError as exc:
         print(f"task-executor: invalid configuration: {exc}", file=sys.stderr)

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
+from sandbox_client.protocol import ImageRef
+
 RESERVED_THREADS = 2
 """Waitress threads no grading or long session call may take: /health, DELETE, state, file
 reads and writes, /metrics and every refusal (401, 404, 409, 429) run on them, and all of
@@ -86,6 +90,12 @@ class Settings:
 
     max_concurrent_tasks: int | None = None
     max_concurrent_execs: int | None = None
+    # One task image (see task_executor/sandbox/imageroot.py).
+    image: str | None = None
+    """The task image reference this executor runs; specs naming another (or none) get 421."""
+    image_root: Path | None = None
+    """That image's unpacked root filesystem: every sandbox's root, read-only, instead of the
+    host's (its runtime directories copy-on-write from the image's own)."""
 
     @property
     def max_tasks(self) -> int:
@@ -127,8 +137,9 @@ class Settings:
     def with_overrides(self, **overrides: object) -> Settings:
         """A copy with the non-None overrides applied (CLI flags beat the environment)."""
         present = {key: value for key, value in overrides.items() if value is not None}
-        if "base_dir" in present:
-            present["base_dir"] = Path(str(present["base_dir"]))
+        for name in ("base_dir", "image_root"):
+            if name in present:
+                present[name] = Path(str(present[name]))
         return replace(self, **present).validated()  # type: ignore[arg-type]
 
     def validated(self) -> Settings:
@@ -166,6 +177,10 @@ class Settings:
         for name in ("runtime_dirs", "hide_paths"):
             if any(not d.startswith("/") for d in getattr(self, name)):
                 problems.append(f"{name} must be absolute paths")
+        problems.extend(image_problems(self.image, self.image_root))
+        if self.image_root is not None and self.sandbox_mode == "none":
+            problems.append("an image root is shown by the sandbox: sandbox_mode none cannot "
+                            "run it")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -194,6 +209,60 @@ class Settings:
                 f"(DOCKYARD_TASK_EXECUTOR_THREADS) is {self.threads}"
             ]
         return []
+
+
+IMAGE_ROOT_NEEDS = ("bin/sh", "bin/bash")
+"""What a sandbox started in an image root runs first: a shell (commands, sessions, tests)."""
+
+
+def image_problems(image: str | None, root: Path | None) -> list[str]:
+    """Why ``image`` / ``root`` cannot be served (empty when they can). Fails closed: a root
+    that is missing or lacks a shell is refused at start, never replaced by the host's root."""
+    if image is None and root is None:
+        return []
+    if image is None or root is None:
+        return ["--image (DOCKYARD_IMAGE) and --image-root (DOCKYARD_IMAGE_ROOT) go together: "
+                "give both, or neither to run on the host's root"]
+    try:
+        TypeAdapter(ImageRef).validate_python(image)
+    except ValidationError as exc:
+        return [f"--image {image!r} is not an image reference: {exc.errors()[0]['msg']}"]
+    if not root.is_absolute():
+        return [f"--image-root {root} must be an absolute path"]
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        return [f"--image-root {root} {what}; unpack the image there first (docker export "
+                "IMAGE | tar -x -C DIR)"]
+    missing = [need for need in IMAGE_ROOT_NEEDS if _resolve_inside(root, need) is None]
+    if missing:
+        return [f"--image-root {root} lacks {', '.join(missing)}: not an unpacked root "
+                "filesystem with a shell; unpack the whole image there"]
+    return []
+
+
+def _resolve_inside(root: Path, relative: str) -> Path | None:
+    """``relative`` below ``root`` with symlinks resolved as the sandbox will (an absolute one
+    from ``root``, never the host's ``/``), or None when it does not exist there."""
+    parts, current, hops = list(Path(relative).parts), root, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":  # never above the root, as inside the sandbox
+            current = current.parent if current != root else root
+            continue
+        current = current / part
+        if current.is_symlink():
+            hops += 1
+            if hops > 40:
+                return None
+            target = Path(os.readlink(current))
+            parts = [*target.parts[1:], *parts] if target.is_absolute() else [
+                *target.parts, *parts]
+            current = root if target.is_absolute() else current.parent
+        elif not current.exists():
+            return None
+    return current
 
 
 def _tristate(raw: str) -> bool | None:
@@ -274,6 +343,8 @@ _ENV = {
     "DOCKYARD_ALL_WORKSPACES_PIDS_LIMIT": ("all_workspaces_pids_limit", _limit_or_auto),
     "DOCKYARD_ALL_WORKSPACES_MEMORY_LIMIT_BYTES": ("all_workspaces_memory_limit_bytes",
                                                    _limit_or_auto),
+    "DOCKYARD_IMAGE": ("image", str),
+    "DOCKYARD_IMAGE_ROOT": ("image_root", Path),
 }
 
 

@@ -36,6 +36,7 @@ from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
 from .diffs import split_patch
+from .images import expect_image
 from .patching import (
     PATCH_STEP_TIMEOUT_S,
     AgentPatchFailed,
@@ -68,6 +69,8 @@ class GradingJob:
     deny_network: bool | None = None
     """None: the executor's default (deny whenever the egress guard is available)."""
     conditions: RequiredConditions | None = None
+    image: str | None = None
+    """The task image the spec names (None: the host's root)."""
 
     @classmethod
     def from_task(cls, spec: TaskSpec) -> GradingJob:
@@ -81,6 +84,7 @@ class GradingJob:
             env=dict(spec.env),
             deny_network=spec.deny_network,
             conditions=spec.conditions,
+            image=spec.image,
         )
 
 
@@ -207,10 +211,15 @@ class Grader:
         check(required, conditions, measured=True)
         return conditions
 
+    def expect_image(self, requested: str | None) -> None:
+        """Refuse (421 image_mismatch) work for an image this executor does not run."""
+        expect_image(self.settings.image, requested)
+
     def admit(self, job: GradingJob) -> bool:
-        """Refuse (4xx) before any work a job that cannot be graded here: no tests, egress
-        denial this executor cannot give, conditions it knows it cannot meet. Returns whether
-        the tests run without network."""
+        """Refuse (4xx) before any work a job that cannot be graded here: another task image
+        (421), no tests, egress denial this executor cannot give, conditions it knows it cannot
+        meet. Returns whether the tests run without network."""
+        self.expect_image(job.image)
         if not job.spec.fail_to_pass and not job.spec.pass_to_pass:
             raise InvalidRequest(
                 "fail_to_pass and pass_to_pass are both empty: nothing to grade", code="no_tests"

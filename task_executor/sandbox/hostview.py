@@ -48,7 +48,8 @@ class HostView:
     """Why the view is not prebuilt (empty when it is)."""
 
 
-def host_view_argv(avoid: Path, hidden: tuple[str, ...] = ()) -> tuple[str, ...]:
+def host_view_argv(avoid: Path, hidden: tuple[str, ...] = (),
+                   root: Path = Path("/")) -> tuple[str, ...]:
     """bwrap arguments showing the host read-only, entry by entry, without ever binding a
     directory that contains ``avoid`` (the base directory).
 
@@ -63,7 +64,11 @@ def host_view_argv(avoid: Path, hidden: tuple[str, ...] = ()) -> tuple[str, ...]
     or an ancestor itself: the directory of every base dir of a fleet) is left out the same
     way. Covered by a tmpfs instead, its binds would still be in the view, below the cover, and
     every sandbox's mount table would name them (another executor's base dir).
+
+    With ``root`` (a task image's unpacked root filesystem) its entries are shown instead of the
+    host's, each at the same place below ``/``; its symlinks stay symlinks, resolved inside.
     """
+    top = os.path.realpath(root)
     target = os.path.realpath(avoid)
     left_out = {target, *(os.path.realpath(path) for path in hidden)}
     argv: list[str] = ["--tmpfs", "/"]
@@ -75,45 +80,47 @@ def host_view_argv(avoid: Path, hidden: tuple[str, ...] = ()) -> tuple[str, ...]
             return
         for entry in entries:
             path = os.path.join(directory, entry)
-            if directory == "/" and entry in PRIVATE_TOP:
+            inside = "/" + os.path.relpath(path, top)  # where the sandbox sees it
+            if directory == top and entry in PRIVATE_TOP:
                 continue
             if path in left_out:
                 continue
             if os.path.islink(path):
-                argv.extend(["--symlink", os.readlink(path), path])
+                argv.extend(["--symlink", os.readlink(path), inside])
             elif target.startswith(path + "/") and os.path.isdir(path):
-                argv.extend(["--dir", path])
+                argv.extend(["--dir", inside])
                 show(path)
             elif os.path.isdir(path) or os.path.isfile(path):
                 # -try: an entry removed after start must not stop every sandbox from starting
-                argv.extend(["--ro-bind-try", path, path])
+                argv.extend(["--ro-bind-try", path, inside])
 
-    show("/")
+    show(top)
     return tuple(argv)
 
 
 def build_host_view(
     view: Path, avoid: Path, hide: tuple[str, ...], keep_hiding_below: tuple[str, ...],
-    mount_points: tuple[str, ...],
+    mount_points: tuple[str, ...], root: Path = Path("/"),
 ) -> HostView:
     """The host view at ``view`` (see the module), or the entry-by-entry arguments.
 
     ``hide`` is covered in the view unless it lies below one of ``keep_hiding_below`` (the
     copy-on-write runtime directories, which bubblewrap binds over the view: the hiding has to
-    come after them). ``mount_points`` are made where the view's own tmpfs holds them.
+    come after them). ``mount_points`` are made where the view's own tmpfs holds them. ``root``
+    is the directory shown as ``/`` (the host's, or a task image's).
     """
     def below_kept(path: str) -> bool:
         return any(path == kept or path.startswith(kept.rstrip("/") + "/")
                    for kept in keep_hiding_below)
 
     try:
-        _build(view, host_view_argv(avoid, hide), [p for p in hide if not below_kept(p)],
-               mount_points)
+        _build(view, host_view_argv(avoid, hide, root),
+               [p for p in hide if not below_kept(p)], mount_points)
     except OSError as exc:
         _tear_down(view)
         reason = f"entry-by-entry host view ({exc})"
         log.warning("sandboxes show the host entry by entry, slower: %s", exc)
-        return HostView(host_view_argv(avoid, hide), hide, prebuilt=False, reason=reason)
+        return HostView(host_view_argv(avoid, hide, root), hide, prebuilt=False, reason=reason)
     return HostView(("--ro-bind", str(view), "/"), tuple(p for p in hide if below_kept(p)),
                     prebuilt=True)
 

@@ -73,6 +73,11 @@ class Sandbox:
     seccomp_filter: Path | None = None
     """The compiled filter bubblewrap installs (see ``seccomp``; root-only, opened by the
     wrapper), or None where there is none for this machine."""
+    root: str = "host"
+    """Whose root ``host_view`` shows: ``host``, or ``image`` (a task image's unpacked root)."""
+    cgroup_tree: bool = True
+    """The view shows a cgroup tree at ``/sys/fs/cgroup`` (the host's does; an unpacked image's
+    ``/sys`` is empty), which every sandbox then sees only its own groups of."""
 
     @property
     def active(self) -> bool:
@@ -153,10 +158,11 @@ class Sandbox:
         argv += ["--size", str(self.limits.shm_bytes), "--tmpfs", "/dev/shm"]
         # The cgroup tree names every workspace's group and shows its usage: a sandbox sees its
         # own groups only, read-only, where a tool reading its limits looks for them.
-        argv += ["--tmpfs", CGROUP_ROOT]
-        for source, target in own_cgroup_binds(group):
-            argv += ["--ro-bind", source, target]
-        argv += ["--remount-ro", CGROUP_ROOT]
+        if self.cgroup_tree:
+            argv += ["--tmpfs", CGROUP_ROOT]
+            for source, target in own_cgroup_binds(group):
+                argv += ["--ro-bind", source, target]
+            argv += ["--remount-ro", CGROUP_ROOT]
         if tmp is not None:
             argv += ["--bind", str(tmp), "/tmp"]
         argv += ["--bind", str(tree), fixed]

@@ -31,6 +31,8 @@ _JSON_ROUTES: list[tuple[str, str, type[BaseModel] | None, type[BaseModel], str]
      "Write raw bytes to ?path= inside the workspace"),
     ("/health", "get", None, protocol.HealthResponse, "Liveness and capabilities (no auth)"),
 ]
+_IMAGE_ROUTES = ("/task/submit", "/session/start")
+"""Routes whose spec names a task image: 421 image_mismatch where this executor runs another."""
 _IDEMPOTENT = ("/task/submit", "/session/{session_id}/finish")
 _IDEMPOTENCY_PARAMETER = {
     "name": protocol.IDEMPOTENCY_HEADER,
@@ -94,6 +96,8 @@ def openapi_document() -> dict[str, Any]:
             operation["security"] = [{"bearer": []}]
             for status in ("400", "401", "403", "404", "409", "413", "422", "429"):
                 operation["responses"][status] = error
+        if path in _IMAGE_ROUTES:
+            operation["responses"]["421"] = error
         paths.setdefault(path, {})[method] = operation
     paths["/session/{session_id}/file"]["get"] = {
         "summary": "Read a file's raw bytes (X-File-Size and X-File-SHA256 headers)",

@@ -111,14 +111,21 @@ class Services:
                                                  host_budget.default_memory_bytes,
                                                  settings.host_share),
         )
+        if settings.image_root is not None and not capabilities.sandbox:
+            raise SandboxUnavailable(  # fail closed: never the host's root for an image's code
+                f"--image-root needs the sandbox to show it as the root, and there is none: "
+                f"{capabilities.missing.get('sandbox', 'unknown reason')}")
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
-        hide = isolation.hidden_paths(settings.base_dir,
-                                      [*executor_paths(), *settings.hide_paths])
+        # An image's root holds none of the host's paths: nothing of the executor's to hide
+        # (hiding its namesakes, /opt/venv say, would take the image's own away).
+        hide = () if settings.image_root is not None else isolation.hidden_paths(
+            settings.base_dir, [*executor_paths(), *settings.hide_paths])
         if capabilities.sandbox:
             view = build_host_view(
                 settings.base_dir / "view", settings.base_dir, hide,
                 keep_hiding_below=settings.runtime_dirs,
                 mount_points=(*PRIVATE_TOP_MOUNTS, *([fixed_path] if fixed_path else [])),
+                root=settings.image_root or Path("/"),
             )
             if not view.prebuilt:
                 capabilities.missing["host_view"] = view.reason
@@ -136,6 +143,8 @@ class Services:
             reporter_dir=REPORTER_DIR,
             host_view=view.argv,
             seccomp_filter=seccomp_filter(settings.base_dir, capabilities),
+            root="host" if settings.image_root is None else "image",
+            cgroup_tree=(Path(settings.image_root or "/") / "sys/fs/cgroup").is_dir(),
         )
         executor_id = owner_token(settings.base_dir)
         groups = None
@@ -153,7 +162,8 @@ class Services:
         if capabilities.idmap and capabilities.overlay and settings.runtime_dirs:
             assert capabilities.sandbox_uid is not None
             runtime = RuntimeLayers(settings.base_dir / "runtime", settings.runtime_dirs,
-                                    capabilities.sandbox_uid)
+                                    capabilities.sandbox_uid,
+                                    source_root=settings.image_root or Path("/"))
         namespaces = None
         if capabilities.sandbox:
             try:  # last: the clean namespace copies every mount made above

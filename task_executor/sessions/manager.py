@@ -104,6 +104,7 @@ class SessionManager:
         snapshot: Snapshot | None = None,
         restore: tuple[bytes, str] | None = None,
     ) -> Session:
+        self.grader.expect_image(spec.image)
         deny_network = self.grader.deny_for(spec.deny_network, spec.conditions)
         key = template_key(spec.repo, spec.base_commit, spec.setup, spec.env)
         self.grader.expect_conditions(spec.conditions, key, spec.env, deny_network)
@@ -341,6 +342,7 @@ class SessionManager:
                 env=dict(session.spec.env),
                 deny_network=spec.deny_network,
                 conditions=session.spec.conditions,
+                image=session.spec.image,
             )
             self.grader.admit(job)
             # Nothing the agent left running may go on once its changes are read: a background

@@ -20,6 +20,7 @@ def sandbox_report(
     runtime_directories: list[str],
     mode: str,
     cpu_weight: int | None = None,
+    root: str = "host",
 ) -> SandboxReport:
     """The report for a factory in ``mode`` with these capabilities, limits, cgroup controllers
     and copy-on-write runtime directories."""
@@ -38,6 +39,7 @@ def sandbox_report(
         pid_namespace=caps.sandbox,
         mount_namespace=caps.sandbox,
         read_only_host=caps.sandbox,
+        root="image" if root == "image" else "host",
         executor_hidden=caps.sandbox,
         copy_on_write=writable if mode == "overlay" or not caps.sandbox
         else [w for w in writable if w != "workspace tree"] + ["workspace tree (a copy)"],

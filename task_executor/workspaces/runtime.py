@@ -29,20 +29,25 @@ def _slug(directory: str) -> str:
 class RuntimeLayers:
     """The runtime directories shown copy-on-write, with one idmapped base bind each."""
 
-    def __init__(self, root: Path, directories: tuple[str, ...], uid: int) -> None:
+    def __init__(self, root: Path, directories: tuple[str, ...], uid: int,
+                 source_root: Path = Path("/")) -> None:
+        """``source_root``: where the directories are taken from (a task image's root shows
+        its own ``/usr/local``, not the host's)."""
         self.root = root
         self.directories: list[str] = []
         self._bases: dict[str, Path] = {}
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o711)
         for directory in directories:
-            if not os.path.isdir(directory):
+            source = source_root / directory.lstrip("/")
+            # An image's symlink would be followed on the host, out of the image.
+            if (source_root != Path("/") and source.is_symlink()) or not source.is_dir():
                 continue
             base = root / _slug(directory)
             unmount(base)  # left by a crashed predecessor
             base.mkdir(exist_ok=True)
             try:
-                bind_idmapped(Path(directory), base, uid)
+                bind_idmapped(source, base, uid)
             except OSError as exc:
                 log.warning("runtime directory %s stays read-only: %s", directory, exc)
                 continue

@@ -194,6 +194,7 @@ class WorkspaceFactory:
             self.groups.controllers if self.groups is not None else frozenset(),
             self.runtime.directories if self.runtime is not None else [], self.mode,
             self.groups.cpu_weight if self.groups is not None else None,
+            self.sandbox.root,
         )
 
     # ------------------------------------------------------------------ create / destroy

@@ -42,6 +42,7 @@ def health() -> dict:
             private_tmp=caps.sandbox,
             sandbox=services.workspaces.sandbox_report(),
             deny_network_default=services.grader.default_denies_network(),
+            image=services.settings.image,
         ),
         load={
             "tasks_running": services.task_slots.in_use,
