@@ -50,6 +50,7 @@ from .errors import (
     ExecutorRejected,
     ExecutorTimeout,
     ExecutorUnreachable,
+    InvalidSpec,
     ProtocolError,
     ReplyLost,
     TaskExecutorError,
@@ -106,12 +107,15 @@ class SandboxClient:
         routing: str | None = None,
         affinity_k: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        pool: Any = None,
     ) -> None:
         self.config: ClientConfig = resolve_config(
             urls, token, timeout, config, task_timeout=task_timeout, routing=routing,
             affinity_k=affinity_k,
         )
         self._sleep = sleep
+        #: The image pool (``sandbox_client.pool.Pool``) specs with an ``image`` go through.
+        self.pool = pool
         self._jitter = random.Random()
         self._fleet = Fleet(
             self.config.urls,
@@ -167,6 +171,14 @@ class SandboxClient:
         key = template_key(task.repo, task.base_commit, task.setup, task.env)
         # One key per call: its own re-submits replay the verdict, a new call grades afresh.
         submission = uuid.uuid4().hex
+        if task.image is not None:
+            url, result = self._pooled(
+                task.image, task, "task", f"task {task.task_id}",
+                lambda url: self._submit(url, task.task_id, body, read, submission,
+                                         spill=False))
+            log.info("task %s: %s in %.1fs on %s (image %s)", task.task_id, result.status,
+                     result.duration_s, url, task.image)
+            return result
         url, result = self._place(
             "task", key, f"task {task.task_id}",
             lambda url: self._submit(url, task.task_id, body, read, submission),
@@ -180,15 +192,60 @@ class SandboxClient:
         body = start.model_dump(mode="json", exclude_none=True)
         read = self.config.run_read_timeout(None)
         key = template_key(start.repo, start.base_commit, start.setup, start.env)
-        url, started = self._place(
-            "session", key, "session start",
-            lambda url: self._call(
-                url, "POST", "/session/start", SessionStartResult, json=body, read_timeout=read,
-                wait_busy=False,
-            ),
-        )
+
+        def begin(url: str, wait_busy: bool = False) -> SessionStartResult:
+            # A fleet call spills to the next executor when this one is busy; a pod of the
+            # pool is the only one for its image, so there it waits out 429s.
+            return self._call(url, "POST", "/session/start", SessionStartResult, json=body,
+                              read_timeout=read, wait_busy=wait_busy)
+
+        if start.image is not None:
+            lease_box: list[Any] = []
+            url, started = self._pooled(start.image, start, "session", "session start",
+                                        lambda url: begin(url, wait_busy=True), keep=lease_box)
+            log.info("session %s: started on %s (image %s)", started.session_id, url,
+                     start.image)
+            return RemoteSession(self, url, started, command_timeout=start.command_timeout,
+                                 on_end=lease_box[0].release)
+        url, started = self._place("session", key, "session start", begin)
         log.info("session %s: started on %s", started.session_id, url)
         return RemoteSession(self, url, started, command_timeout=start.command_timeout)
+
+    def _pooled(self, image: str, spec: Any, kind: str, what: str,
+                attempt: Callable[[str], T], keep: list[Any] | None = None) -> tuple[str, T]:
+        """Run ``attempt`` on a pod of ``image`` from the pool; a pod that does not answer is
+        reported dead (the pool deletes it) and the call placed once more, on another pod.
+        With ``keep``, the lease is kept (appended) for the caller to release, else released."""
+        if self.pool is None:
+            raise InvalidSpec(f"{what}: the spec names image {image!r}, but this client has "
+                              "no pool (SandboxClient(pool=...))", field="image",
+                              model=type(spec).__name__, problem="no pool for images")
+        for attempt_no in range(2):
+            lease = self.pool.acquire(image, spec, kind=kind)
+            try:
+                answer = attempt(lease.url)
+            except (ExecutorUnreachable, _GradingDied, ReplyLost) as exc:
+                # A lost reply is safe to place again only when the pod is gone, and what it
+                # started with it (a pooled connection to a killed executor is reset, not refused).
+                if isinstance(exc, ReplyLost) and self.pool.alive(lease):
+                    lease.release()
+                    raise
+                lease.release(dead=True)
+                error = exc.lost if isinstance(exc, _GradingDied) else exc
+                if attempt_no == 1:
+                    raise error from None
+                log.warning("%s: pod %s of %s did not answer (%s); placing it again", what,
+                            lease.pod, image, error)
+                continue
+            except BaseException:
+                lease.release()
+                raise
+            if keep is None:
+                lease.release()
+            else:
+                keep.append(lease)
+            return lease.url, answer
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def health(self, url: str) -> HealthResponse:
         """``GET /health`` of one executor (no auth needed, no retries); its load tells the
@@ -286,7 +343,8 @@ class SandboxClient:
                                     answer.retry_after if answer is not None else None)
 
     def _submit(
-        self, url: str, task_id: str, body: dict[str, Any], read: float, submission: str
+        self, url: str, task_id: str, body: dict[str, Any], read: float, submission: str,
+        spill: bool = True,
     ) -> TaskResult:
         """Submit, and after a lost reply re-submit with the same idempotency key to the same
         executor."""
@@ -306,7 +364,7 @@ class SandboxClient:
                     poll_in_progress=True,
                     # Not taken yet: the placement may try elsewhere. Once it may be grading
                     # here, a re-submit must wait for this executor.
-                    wait_busy=lost is not None,
+                    wait_busy=lost is not None or not spill,
                 )
             except ReplyLost as exc:
                 lost = exc

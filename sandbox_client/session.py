@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -69,8 +70,11 @@ class RemoteSession:
         started: SessionStartResult,
         *,
         command_timeout: float | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
+        #: Called once when the session ends here (finished or closed): an image pool's lease.
+        self._on_end = on_end
         #: Base URL of the executor that owns this session; every call goes there.
         self.url = url
         self.session_id = started.session_id
@@ -170,6 +174,7 @@ class RemoteSession:
             assert lost is not None
             raise lost
         self.finished = True
+        self._ended()
         log.info(
             "session %s: finished %s in %.1fs",
             self.session_id,
@@ -205,6 +210,12 @@ class RemoteSession:
             if exc.status != 404:
                 raise
         self.closed = True
+        self._ended()
+
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
 
     @property
     def _short(self) -> float:

@@ -187,3 +187,23 @@ class Groups:
                     Group({"any": child}).remove()
             with contextlib.suppress(OSError):
                 parent.rmdir()
+
+
+def remove_executor_groups(executor_id: str) -> int:
+    """Remove every group an executor with ``executor_id`` left in any hierarchy (it was killed
+    before it could); how many parents were found. Its processes are killed first."""
+    found = 0
+    for controller in CONTROLLERS:
+        where = _hierarchy(controller)
+        if where is None:
+            continue
+        parent = where[1] / f"dockyard-{executor_id}"
+        if not parent.is_dir():
+            continue
+        found += 1
+        for child in parent.iterdir():
+            if child.is_dir():
+                Group({controller: child}).remove()
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+    return found

@@ -21,9 +21,9 @@ import pytest
 
 from task_executor.demo import DemoTask
 from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
+from tests.images import make_image_root
 
 IMAGE = "registry.example/dockyard/task:demo"
-ETC_FILES = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d")
 
 
 @dataclass(frozen=True)
@@ -37,35 +37,15 @@ class ImageRoot:
 
 @pytest.fixture(scope="module")
 def image_root() -> Iterator[ImageRoot]:
-    if not Path("/usr/bin/bash").exists() or Path("/usr").is_symlink():
-        pytest.skip("needs a merged-/usr host to copy its /usr as an image")
     # /var/tmp: the same filesystem as /usr here (hard links), and passable by the sandbox uid.
-    path = Path(tempfile.mkdtemp(prefix="dockyard-image-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        subprocess.run(["cp", "-al", "/usr", str(path / "usr")], check=True,
-                       capture_output=True)
-    except subprocess.CalledProcessError as exc:  # another filesystem: a real copy instead
-        shutil.rmtree(path / "usr", ignore_errors=True)
-        if b"cross-device" not in exc.stderr.lower() and b"invalid" not in exc.stderr.lower():
-            raise
-        subprocess.run(["cp", "-a", "/usr", str(path / "usr")], check=True)
-    for link in ("bin", "sbin", "lib", "lib64"):
-        if (Path("/") / link).is_symlink():
-            (path / link).symlink_to(f"usr/{link}")
-    (path / "etc").mkdir()
-    for name in ETC_FILES:
-        source = Path("/etc") / name
-        if source.is_dir():
-            shutil.copytree(source, path / "etc" / name, symlinks=True)
-        elif source.exists():
-            shutil.copy2(source, path / "etc" / name)
-    token, local_token = secrets.token_hex(8), secrets.token_hex(8)
-    (path / "etc" / "dockyard-image").write_text(token + "\n")
+    parent = Path(tempfile.mkdtemp(prefix="dockyard-image-", dir="/var/tmp"))
+    parent.chmod(0o755)
+    path = parent / "root"
+    token, local_token = make_image_root(path), secrets.token_hex(8)
     # A file of its own, not a link: writes through the image must never reach the host's /usr.
     (path / "usr" / "local" / "marker").write_text(local_token + "\n")
     yield ImageRoot(path, token, local_token)
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,0 +1,241 @@
+"""The image pool end to end on the local provider: real executor processes, one per image in
+use, each with a tiny image root made here, driven through ``SandboxClient(pool=...)``.
+
+acquire -> exec -> finish -> release -> idle deletion -> drain, and what the issue asks to show:
+every session sees its own image; concurrent acquires of one image make one executor; the cap
+holds with LRU trimming; a spec of another key is never served; an unknown image is a clear
+error; drain leaves no process, mount, directory or cgroup; a SIGKILLed executor is replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_client import SandboxClient
+from sandbox_client.errors import TaskExecutorError
+from sandbox_client.pool import (
+    ImageUnavailable,
+    LocalProvider,
+    Pool,
+    PoolSettings,
+    image_root,
+)
+from task_executor.grading.grader import owner_token
+from task_executor.sandbox.cgroups import ROOT as CGROUP_ROOT
+from tests.conftest import FAST_PYTEST_ENV
+from tests.images import MARKER, make_image_root
+from tests.processes import mounts_anywhere, pids_carrying, wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="executors sandbox as root")
+
+IMAGE_A = "registry.example/dockyard/task-a:1"
+IMAGE_B = "registry.example/dockyard/task-b:1"
+IMAGE_C = "registry.example/dockyard/task-c:1"
+
+
+@pytest.fixture(scope="module")
+def images() -> Iterator[tuple[Path, dict[str, str]]]:
+    """An image directory holding three images (by the local provider's naming rule)."""
+    directory = Path(tempfile.mkdtemp(prefix="dockyard-images-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    tokens = {ref: make_image_root(image_root(directory, ref))
+              for ref in (IMAGE_A, IMAGE_B, IMAGE_C)}
+    yield directory, tokens
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dockyard-pool-", dir="/var/tmp"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_pool(images: tuple[Path, dict[str, str]], work: Path, **settings: Any) -> Pool:
+    provider = LocalProvider(images[0], work, env={"DOCKYARD_TASK_EXECUTOR_THREADS": "8"})
+    return Pool(PoolSettings(job="t", poll_interval_s=0.05, check_interval_s=0.2, **settings),
+                provider)
+
+
+def session_spec(demo_task, image: str, **extra: Any) -> dict[str, Any]:
+    return {"repo": demo_task.repo, "base_commit": demo_task.base_commit, "image": image,
+            "env": FAST_PYTEST_ENV, **extra}
+
+
+def assert_nothing_left(pool: Pool, work: Path, bases: list[Path]) -> None:
+    assert pool.provider.names() == []
+    assert list(work.iterdir()) == []
+    for base in bases:
+        assert pids_carrying(f"DOCKYARD_EXECUTOR={owner_token(base)}".encode()) == []
+        assert not list(CGROUP_ROOT.glob(f"*/dockyard-{owner_token(base)}"))
+    assert mounts_anywhere(work) == []
+
+
+def test_acquire_exec_finish_release_idle_deletion_and_drain(images, work, demo_task):
+    pool = make_pool(images, work, idle_timeout_s=1.0)
+    bases: list[Path] = []
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            session = client.start_session(session_spec(demo_task, IMAGE_A))
+            bases.append(work / pool.provider.names()[0])
+            seen = session.exec(f"cat /{MARKER}").output.strip()
+            assert seen == images[1][IMAGE_A]  # its image, not the host's (no such file there)
+            fix = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
+            assert session.exec(fix).exit_code == 0
+            finished = session.finish(test_patch=demo_task.test_patch,
+                                      fail_to_pass=demo_task.fail_to_pass,
+                                      pass_to_pass=demo_task.pass_to_pass)
+            assert finished.result.status == "resolved", finished.result.error
+            graded = client.run_task({**demo_task.request("pooled", demo_task.gold_patch),
+                                      "image": IMAGE_A, "env": FAST_PYTEST_ENV})
+            assert graded.status == "resolved"
+        stats = pool.stats()
+        assert stats["acquires"]["miss"] == 1 and stats["acquires"]["hit"] == 1
+        assert stats["creates"] == 1  # the grading went to the session's pod
+        # Released and idle past its time: deleted, nothing refilled.
+        wait_until(lambda: pool.stats()["pods_total"] == 0, timeout=120)
+        assert pool.stats()["evictions"].get("idle") == 1
+        assert_nothing_left(pool, work, bases)
+    finally:
+        report = pool.drain()
+    assert report["left"] == []
+
+
+def test_concurrent_acquires_of_one_image_make_one_executor(images, work, demo_task):
+    pool = make_pool(images, work)
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            sessions: list[Any] = []
+            errors: list[BaseException] = []
+
+            def start() -> None:
+                try:
+                    sessions.append(client.start_session(session_spec(demo_task, IMAGE_A)))
+                except BaseException as exc:  # noqa: BLE001 -- reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=start) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+            assert len({s.url for s in sessions}) == 1
+            stats = pool.stats()
+            assert stats["creates"] == 1
+            assert stats["acquires"]["miss"] == 1
+            assert stats["acquires"]["join"] + stats["acquires"]["hit"] == 7
+            for session in sessions:
+                session.close()
+    finally:
+        pool.drain()
+
+
+def test_each_session_sees_its_own_image_and_keys_are_never_mixed(images, work, demo_task):
+    pool = make_pool(images, work)
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            a = client.start_session(session_spec(demo_task, IMAGE_A))
+            b = client.start_session(session_spec(demo_task, IMAGE_B))
+            # Same image, another environment (egress allowed): another key, another pod.
+            open_a = client.start_session(session_spec(demo_task, IMAGE_A, deny_network=False))
+            assert a.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
+            assert b.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_B]
+            assert open_a.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
+            assert len({a.url, b.url, open_a.url}) == 3
+            for session in (a, b, open_a):
+                session.close()
+        assert pool.stats()["creates"] == 3
+    finally:
+        pool.drain()
+
+
+def test_the_cap_holds_and_trims_the_least_recently_used_idle_pod(images, work, demo_task):
+    pool = make_pool(images, work, max_pods=2)
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            client.start_session(session_spec(demo_task, IMAGE_A)).close()  # A: idle, older
+            b = client.start_session(session_spec(demo_task, IMAGE_B))
+            b.close()  # B: idle, used last
+            pods_before = pool.provider.names()
+            c = client.start_session(session_spec(demo_task, IMAGE_C))
+            assert c.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_C]
+            stats = pool.stats()
+            assert stats["evictions"] == {"lru": 1}
+            assert sorted(stats["pods"]) == [IMAGE_B, IMAGE_C]  # A went, B stayed
+            assert len(pool.provider.names()) <= 2 and pods_before[0] not in pool.provider.names()
+            # Both pods busy now: a fourth key waits, then is refused, never over the cap.
+            b2 = client.start_session(session_spec(demo_task, IMAGE_B))
+            with pytest.raises(TaskExecutorError) as refused:
+                pool.acquire(IMAGE_A, timeout=1.0)
+            assert getattr(refused.value, "code", "") == "pool_full"
+            assert pool.stats()["acquires"]["refused"] == 1
+            assert len(pool.provider.names()) == 2
+            b2.close()
+            c.close()
+    finally:
+        pool.drain()
+
+
+def test_an_unknown_image_is_a_clear_error(images, work, demo_task):
+    pool = make_pool(images, work)
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            with pytest.raises(ImageUnavailable) as missing:
+                client.start_session(session_spec(demo_task, "registry.example/no/such:1"))
+        assert missing.value.code == "image_not_found"
+        assert "no image 'registry.example/no/such:1'" in str(missing.value)
+        assert pool.provider.names() == [] and pool.stats()["pods_total"] == 0
+    finally:
+        pool.drain()
+
+
+def test_a_sigkilled_executor_is_replaced_and_drain_leaves_nothing(images, work, demo_task):
+    pool = make_pool(images, work)
+    bases: list[Path] = []
+    try:
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            first = client.start_session(session_spec(demo_task, IMAGE_A))
+            first.close()
+            (name,) = pool.provider.names()
+            bases.append(work / name)
+            os.kill(pool.provider._pods[name].proc.pid, signal.SIGKILL)
+            # Right away: the call finds it dead, the pool deletes it, the call goes elsewhere.
+            second = client.start_session(session_spec(demo_task, IMAGE_A))
+            assert second.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
+            assert name not in pool.provider.names()
+            bases += [work / n for n in pool.provider.names()]
+            assert pool.stats()["creates"] == 2
+            second.close()
+    finally:
+        report = pool.drain()
+    assert report["left"] == []
+    assert_nothing_left(pool, work, bases)
+
+
+def test_prewarm_needs_a_spec_and_warms_the_key_it_names(images, work, demo_task):
+    pool = make_pool(images, work)
+    try:
+        with pytest.raises(ValueError, match="prewarm needs the spec"):
+            pool.prewarm({IMAGE_A: 1})
+        start = session_spec(demo_task, IMAGE_A)
+        from sandbox_client.protocol import SessionStartSpec
+
+        assert len(pool.prewarm({IMAGE_A: 1}, spec=SessionStartSpec.model_validate(start))) == 1
+        with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
+            wait_until(lambda: pool.stats()["pods"].get(IMAGE_A, {}).get("idle") == 1,
+                       timeout=120)
+            client.start_session(start).close()
+        assert pool.stats()["acquires"]["hit"] == 1 and pool.stats()["creates"] == 1
+    finally:
+        pool.drain()
