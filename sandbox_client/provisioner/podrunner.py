@@ -102,6 +102,11 @@ class ExecutorPodRunner:
             entry = self._procs.get(name)
         return entry[0].pid if entry is not None else None
 
+    def base_dir(self, name: str) -> str | None:
+        with self._lock:
+            entry = self._procs.get(name)
+        return entry[1] if entry is not None else None
+
     def stop(self, name: str) -> None:
         """End pod ``name``'s executor (TERM, then KILL) and remove its base directory."""
         with self._lock:

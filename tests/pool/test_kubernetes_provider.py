@@ -117,12 +117,13 @@ def test_create_pulls_then_serves_a_real_executor_and_delete_stops_it(
     assert pod_name is not None
     pid = runner.pid(pod_name)
     assert pid is not None and runner.alive(pod_name)
-    base = Path(f"/proc/{pid}/cwd")
-    assert base.exists()
+    base = Path(runner.base_dir(pod_name) or "/nonexistent")
+    assert base.is_dir()
     p.delete("pool-a")
     assert p.status("pool-a").phase == "gone" and p.names() == []
     assert not runner.alive(pod_name)
     assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    assert not base.exists()  # its base directory went with it
     assert job_pods(harness, p) == []
     with pytest.raises(OSError):
         health(status.url)
