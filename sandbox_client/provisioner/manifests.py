@@ -240,11 +240,19 @@ def label_selector(labels: Mapping[str, str]) -> str:
 
 
 def pod_manifest(settings: PodSettings, name: str, job: str, instance: str, nonce: str,
-                 owner: Mapping[str, Any] | None = None) -> Manifest:
-    """One executor pod for ``job``: the template plus name, job labels, nonce and owner."""
+                 owner: Mapping[str, Any] | None = None,
+                 extra_labels: Mapping[str, str] | None = None,
+                 annotations: Mapping[str, str] | None = None) -> Manifest:
+    """One executor pod for ``job``: the template plus name, job labels, nonce and owner.
+
+    ``extra_labels`` never override the job, provisioner and nonce labels (reap and the
+    create's read-back depend on them)."""
     template = pod_template(settings)
-    labels = {**template["metadata"]["labels"], **job_labels(job, instance), NONCE_LABEL: nonce}
+    labels = {**template["metadata"]["labels"], **(extra_labels or {}),
+              **job_labels(job, instance), NONCE_LABEL: nonce}
     metadata: Manifest = {"name": name, "labels": labels}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     if owner is not None:
         metadata["ownerReferences"] = [dict(owner)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}

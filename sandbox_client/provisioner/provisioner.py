@@ -25,13 +25,19 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .api import PodAPI
+from .api import Pod, PodAPI
 from .config import ProvisionerSettings
-from .errors import CapacityError, ProvisionerClosed, ReadinessTimeout, ReplyLost
-from .manifests import dns_label, job_labels, label_selector, pod_manifest
+from .errors import (
+    APINotFoundError,
+    CapacityError,
+    ProvisionerClosed,
+    ReadinessTimeout,
+    ReplyLost,
+)
+from .manifests import PodSettings, dns_label, job_labels, label_selector, pod_manifest
 from .pacing import Clock, Sleep, TokenBucket
 from .podops import (
     COLLISION,
@@ -86,9 +92,14 @@ class Provisioner:
     def __exit__(self, *exc: object) -> None:
         self.drain()
 
-    def submit(self) -> CreateTicket:
-        """Queue one create and return at once; the worker settles it whatever the caller does."""
-        ticket = CreateTicket(on_cancel=self._wake)
+    def submit(self, pod: PodSettings | None = None, labels: Mapping[str, str] | None = None,
+               annotations: Mapping[str, str] | None = None) -> CreateTicket:
+        """Queue one create and return at once; the worker settles it whatever the caller does.
+
+        ``pod`` (default: the settings' pod), ``labels`` and ``annotations`` shape this one pod;
+        it is paced, capped, owned and drained like every other."""
+        ticket = CreateTicket(on_cancel=self._wake, pod=pod, labels=labels,
+                              annotations=annotations)
         with self._lock:
             if self._closing.is_set():
                 raise ProvisionerClosed("the provisioner is draining")
@@ -132,6 +143,13 @@ class Provisioner:
         with self._lock:
             record = self._records.get(name)
         return record is None or self._delete_record(record)
+
+    def read_pod(self, name: str) -> Pod | None:
+        """The pod ``name`` as the API has it now, None on 404 (other API errors raise)."""
+        try:
+            return self._api.read(name)
+        except APINotFoundError:
+            return None
 
     def pods(self) -> list[PodRecord]:
         with self._lock:
@@ -230,8 +248,9 @@ class Provisioner:
         ticket.state, ticket.record = "sending", record
         retry = self._retry(self.settings.create_timeout_s)
         while True:
-            body = pod_manifest(self.settings.pod, record.name, self.settings.job,
-                                self.settings.instance, record.nonce, self.settings.owner)
+            body = pod_manifest(ticket.pod or self.settings.pod, record.name, self.settings.job,
+                                self.settings.instance, record.nonce, self.settings.owner,
+                                ticket.labels, ticket.annotations)
             result = create_owned(self._api, body, retry, lambda: self._pace(ticket),
                                   lambda: self._stopped(ticket), self.settings.settle_s)
             self._count("adopted" if result.adopted else result.outcome)

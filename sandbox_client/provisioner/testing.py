@@ -17,6 +17,12 @@ are created, except the next ``never_ready_next`` ones; deletes can be made slow
 :class:`FakeClock`), and the high-water mark of live job pods is kept, so tests assert pacing
 and the live-pod cap on the server's own records.
 
+Per image (the executor container's, i.e. the task image of a carrier pod), :class:`ImagePlan`
+makes pods stay ``ContainerCreating`` (pulling) for ``pull_s`` more seconds, stay unschedulable
+with a scheduler message, or fail their pull with ``ErrImagePull``. With a ``pod_runner`` (see
+:mod:`.podrunner`) a pod whose start is over runs as a real executor process at 127.0.0.1, its
+port in the ``dockyard.io/port`` annotation; a delete stops that process before the pod goes.
+
 It listens on 127.0.0.1 only. ``python -m sandbox_client.provisioner.testing`` runs one by hand.
 """
 
@@ -32,10 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from .manifests import JOB_LABEL
+from .podrunner import PORT_ANNOTATION
 
 Verb = str  # "create" | "read" | "list" | "delete"
 REASONS = {404: "NotFound", 409: "AlreadyExists", 429: "TooManyRequests", 403: "Forbidden",
@@ -85,12 +92,36 @@ class Record:
     outcome: str = ""
 
 
+@dataclass(frozen=True)
+class ImagePlan:
+    """How pods of one image behave in the stand-in."""
+
+    pull_s: float = 0.0
+    """Extra seconds in ``ContainerCreating`` (pulling the image) before the pod starts."""
+    unschedulable: str = ""
+    """Non-empty: the pod stays Pending with ``PodScheduled=False``, this as the message."""
+    pull_error: str = ""
+    """Non-empty: the pull fails with ``ErrImagePull`` and this message (e.g. "... not found")."""
+
+
+class PodRunner(Protocol):
+    """Runs a pod's executor as a local process (see :class:`.podrunner.ExecutorPodRunner`)."""
+
+    def start(self, name: str, body: dict[str, Any]) -> int: ...
+    def stop(self, name: str) -> None: ...
+    def alive(self, name: str) -> bool: ...
+
+
 @dataclass
 class _Pod:
     body: dict[str, Any]
     created: float
     ready: bool = True
     deleting_since: float | None = None
+    run: str = ""
+    """With a runner: "" (not started), starting, running, failed, stopping, stopped."""
+    port: int | None = None
+    failure: str = ""
 
 
 @dataclass
@@ -105,6 +136,8 @@ class StandInAPI:
     high_water: int = 0
     high_water_by_job: dict[str, int] = field(default_factory=dict)
     never_ready_next: int = 0
+    images: dict[str, ImagePlan] = field(default_factory=dict)
+    pod_runner: PodRunner | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -236,13 +269,19 @@ class StandInAPI:
                 pod.deleting_since = time.monotonic()
                 pod.body["metadata"]["deletionTimestamp"] = time.strftime(
                     "%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                if pod.run in ("running", "failed"):
+                    self._stop_runner(pod)
+                elif pod.run == "":
+                    pod.run = "stopped"  # never started: nothing to stop
             self._purge()
             return 200, self._view(pod.body)
 
     def _purge(self) -> None:
         now = time.monotonic()
+        # A pod whose executor process is still stopping stays, terminating, as on a kubelet.
         gone = [key for key, pod in self.pods.items()
-                if pod.deleting_since is not None and now - pod.deleting_since >= self.delete_after]
+                if pod.deleting_since is not None and now - pod.deleting_since >= self.delete_after
+                and pod.run in ("", "stopped")]
         for key in gone:
             del self.pods[key]
 
@@ -250,15 +289,86 @@ class StandInAPI:
         """The pod with its status as of now: Running and Ready once ``ready_after`` has passed."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         pod = self.pods.get(key)
-        if pod is not None and pod.ready and body["status"].get("phase") == "Pending" \
-                and time.monotonic() - pod.created >= self.ready_after:
+        if pod is not None and body["status"].get("phase") == "Pending":
+            self._advance(pod)
+        if pod is not None and self.pod_runner is not None and pod.run == "running" \
+                and not self.pod_runner.alive(body["metadata"]["name"]):
+            pod.run, pod.failure = "failed", "executor exited"
+            body["status"] = {"phase": "Failed", "message": pod.failure,
+                              "conditions": [{"type": "Ready", "status": "False"}]}
+        return json.loads(json.dumps(body))
+
+    def _advance(self, pod: _Pod) -> None:
+        """Move a Pending pod on: unschedulable, pulling, failed pull, then (runner) Ready."""
+        body = pod.body
+        image = (body.get("spec", {}).get("containers") or [{}])[0].get("image", "")
+        plan = self.images.get(image, ImagePlan())
+        if plan.unschedulable:
+            body["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": plan.unschedulable}]}
+            return
+        scheduled = [{"type": "PodScheduled", "status": "True"}]
+        if plan.pull_error:
+            body["status"] = {"phase": "Pending", "conditions": scheduled, "containerStatuses": [
+                {"name": "executor", "ready": False, "state": {"waiting": {
+                    "reason": "ErrImagePull", "message": plan.pull_error}}}]}
+            return
+        started = time.monotonic() - pod.created >= self.ready_after + plan.pull_s
+        if not pod.ready or not started or pod.deleting_since is not None:
+            if plan.pull_s or self.pod_runner is not None:
+                body["status"] = {"phase": "Pending", "conditions": scheduled,
+                                  "containerStatuses": [{"name": "executor", "ready": False,
+                                                         "state": {"waiting": {
+                                                             "reason": "ContainerCreating"}}}]}
+            return
+        if self.pod_runner is None:
             n = next(self._ips)
             body["status"] = {
                 "phase": "Running",
                 "podIP": f"127.0.{(n // 250) % 250}.{n % 250 + 2}",
                 "conditions": [{"type": "Ready", "status": "True"}],
             }
-        return json.loads(json.dumps(body))
+            return
+        if pod.run == "":
+            pod.run = "starting"
+            threading.Thread(target=self._start_runner, args=(pod,), daemon=True).start()
+        elif pod.run == "running":
+            body["status"] = {"phase": "Running", "podIP": "127.0.0.1",
+                              "conditions": [{"type": "Ready", "status": "True"}]}
+        elif pod.run == "failed":
+            body["status"] = {"phase": "Failed", "message": pod.failure}
+
+    def _start_runner(self, pod: _Pod) -> None:
+        assert self.pod_runner is not None
+        name = pod.body["metadata"]["name"]
+        try:
+            port: int | None = self.pod_runner.start(name, pod.body)
+            failure = ""
+        except Exception as exc:  # the pod fails, as a crashing container does
+            port, failure = None, str(exc)
+        with self._lock:
+            pod.port, pod.failure = port, failure
+            pod.run = "running" if port is not None else "failed"
+            if port is not None:
+                pod.body["metadata"].setdefault("annotations", {})[PORT_ANNOTATION] = str(port)
+            if pod.deleting_since is not None:
+                self._stop_runner(pod)  # deleted while starting
+            self._lock.notify_all()
+
+    def _stop_runner(self, pod: _Pod) -> None:
+        """Stop the pod's process on a thread (the caller holds the lock); the pod stays
+        terminating until it is stopped."""
+        pod.run = "stopping"
+
+        def stop() -> None:
+            assert self.pod_runner is not None
+            self.pod_runner.stop(pod.body["metadata"]["name"])
+            with self._lock:
+                pod.run = "stopped"
+                self._lock.notify_all()
+
+        threading.Thread(target=stop, daemon=True).start()
 
 
 def _matches(labels: dict[str, str], wanted: list[list[str]]) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .api import Pod
+from .manifests import PodSettings
 
 
 @dataclass
@@ -23,8 +24,15 @@ class PodRecord:
 class CreateTicket:
     """The caller's handle on one asynchronous create. Cancelling abandons it; it never leaks."""
 
-    def __init__(self, on_cancel: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_cancel: Callable[[], None] | None = None,
+                 pod: PodSettings | None = None, labels: Mapping[str, str] | None = None,
+                 annotations: Mapping[str, str] | None = None) -> None:
+        """``pod``, ``labels`` and ``annotations``: this create's own pod shape (the image pool
+        asks for a different task image per create); None keeps the provisioner's."""
         self._on_cancel = on_cancel
+        self.pod = pod
+        self.labels = dict(labels or {})
+        self.annotations = dict(annotations or {})
         self._cancelled = threading.Event()
         self._done = threading.Event()
         self.state = "queued"
