@@ -161,6 +161,9 @@ def test_each_workspace_has_a_cpu_group_of_the_same_weight(executor, demo_task):
     members = {d.name: (d / "cgroup.procs").read_text().split() for d in parent.iterdir()
                if d.is_dir()}
     assert sum(1 for pids in members.values() if pids) >= 2  # each session in a group of its own
+    # The parent weighs as its workspaces together, so each counts as one process outside.
+    groups = [d for d in parent.iterdir() if d.is_dir()]
+    assert int((parent / "cpu.shares").read_text()) == weight * len(groups)
     result = executor.submit(demo_task.request("fair", demo_task.gold_patch)).json()
     assert result["status"] == "resolved"
     assert result["conditions"]["cpu_weight"] == weight
@@ -168,6 +171,8 @@ def test_each_workspace_has_a_cpu_group_of_the_same_weight(executor, demo_task):
     assert executor.delete(f"/session/{second}").status_code == 200
     left = [d for d in parent.iterdir() if d.is_dir() and (d / "cgroup.procs").read_text()]
     assert left == []
+    groups = [d for d in parent.iterdir() if d.is_dir()]
+    assert int((parent / "cpu.shares").read_text()) == weight * max(1, len(groups))
 
 
 def test_cpu_fair_share_off_makes_no_cpu_groups(executor_factory, demo_task):
