@@ -16,7 +16,14 @@ import pytest
 
 from task_executor.demo import DemoTask, diff_of
 from tests.conftest import RunningExecutor
-from tests.executor.test_tampering import SOURCE, shared_executor, task  # noqa: F401  (fixtures)
+from tests.executor.test_tampering import (  # noqa: F401  (fixtures)
+    SOURCE,
+    class_task,
+    django_task,
+    shared_executor,
+    task,
+    unittest_task,
+)
 
 
 def _appended(demo: DemoTask, code: str) -> str:
@@ -49,6 +56,8 @@ SWAP_TEST_BODIES = (
     "def _swap(namespace):\n"
     "    mine = {k for k, v in globals().items() if callable(v) and not k.startswith('_')}\n"
     "    for name, value in list(namespace.items()):\n"
+    "        if isinstance(value, type) and value.__module__ == namespace['__name__']:\n"
+    "            _swap({**vars(value), '__name__': namespace['__name__']})  # methods too\n"
     "        code = getattr(value, '__code__', None)\n"
     "        if not name.startswith('test') or code is None or not mine & set(code.co_names):\n"
     "            continue\n"
@@ -75,8 +84,9 @@ SWAP_TEST_BODIES = (
     "    sys.setprofile(_profile)\n"
 )
 
-# The same swap, from a thread that waits for the test module's functions to appear (no
-# profile hook, nothing installed in the interpreter at all).
+# The same swap, from a thread that waits for the test module's import to end (no profile hook,
+# nothing installed in the interpreter). It won 3 of 3 under pytest and lost under unittest
+# (the first test ran before the swap): a race, so it is not a strict case below.
 SWAP_FROM_A_THREAD = SWAP_TEST_BODIES.split("_target = _importer()")[0] + (
     "import threading, time\n"
     "_target = _importer()\n"
@@ -134,23 +144,67 @@ SELF_KILL = (
     "    os.kill(os.getpid(), signal.SIGKILL)\n"
 )
 
+# No function, code object or runner class changes: a plugin found through gc hooks only
+# collection (not a hook the record counts as sensitive) and points each task test's item at a
+# no-op (``item.obj``), chosen again by the package names its code uses.
+ITEM_OBJ_SWAP = (
+    "import gc\n"
+    "from _pytest.config import Config\n"
+    "def _noop(*args, **kwargs):\n"
+    "    return None\n"
+    "class _Collect:\n"
+    "    def pytest_collection_modifyitems(self, session, config, items):\n"
+    "        for item in items:\n"
+    "            code = getattr(getattr(item, 'obj', None), '__code__', None)\n"
+    "            if code is not None and {'add', 'mul'} & set(code.co_names):\n"
+    "                item.obj = _noop\n"
+    "for _config in [o for o in gc.get_objects() if isinstance(o, Config)]:\n"
+    "    _config.pluginmanager.register(_Collect(), 'collect-helper')\n"
+)
+
+# No verdict from a full disk: the package fills /tmp (where the report goes) while the tests run.
+FILL_THE_DISK = (
+    "import os\n"
+    "_add = add\n"
+    "def add(a, b):\n"
+    "    try:\n"
+    "        with open('/tmp/.fill', 'ab') as out:\n"
+    "            while True:\n"
+    "                out.write(b'x' * (1 << 20))\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    return _add(a, b)\n"
+)
+
 WORKING = {
     "always-equal-result": ALWAYS_EQUAL,
     "swap-test-bodies-profile-hook": SWAP_TEST_BODIES,
-    "swap-test-bodies-thread": SWAP_FROM_A_THREAD,
     "swap-test-bodies-by-position": SWAP_BY_POSITION,
+    "item-obj-swap-collection-plugin": ITEM_OBJ_SWAP,
 }
+# The same non-fixes on the other task shapes: methods of a class, unittest, Django-style.
+WORKING_ELSEWHERE = [("class_task", "always-equal-result"),
+                     ("class_task", "swap-test-bodies-profile-hook"),
+                     ("class_task", "item-obj-swap-collection-plugin"),
+                     ("unittest_task", "always-equal-result"),
+                     ("unittest_task", "swap-test-bodies-profile-hook"),
+                     ("django_task", "always-equal-result"),
+                     ("django_task", "swap-test-bodies-profile-hook")]
 STOPPED = {
     "binary-output-flood": BINARY_FLOOD,
     "deeply-nested-failure-value": DEEP_VALUE,
     "sigkill-self-mid-run": SELF_KILL,
+    "fill-the-disk": FILL_THE_DISK,
 }
 
 
-@pytest.mark.xfail(strict=True, reason="red team: a patch that fixes nothing is resolved; the "
-                   "canaries never call the package, so an attack that acts only on tests that do "
-                   "(or only above the file's last call of it) leaves them honest, and no watched "
-                   "runner object changes")
+RESOLVED_NON_FIX = pytest.mark.xfail(
+    strict=True, reason="red team: a patch that fixes nothing is resolved; the canaries never "
+    "call the package, so an attack that acts only on tests that do (or only above the file's "
+    "last call of it) leaves them honest, and no watched runner object changes")
+
+
+@RESOLVED_NON_FIX
 @pytest.mark.parametrize("attack", list(WORKING))
 def test_redteam_attack(shared_executor: RunningExecutor, task: DemoTask,  # noqa: F811
                         attack: str) -> None:
@@ -164,4 +218,18 @@ def test_redteam_stopped(shared_executor: RunningExecutor, task: DemoTask,  # no
                          attack: str) -> None:
     result = shared_executor.submit(task.request(f"redteam-{attack}",
                                                  _appended(task, STOPPED[attack]))).json()
+    _assert_not_resolved_with_a_verdict(result)
+
+
+@RESOLVED_NON_FIX
+@pytest.mark.parametrize(("shape", "attack"), WORKING_ELSEWHERE)
+def test_redteam_attack_on_other_shapes(shared_executor: RunningExecutor,  # noqa: F811
+                                        request: pytest.FixtureRequest, shape: str,
+                                        attack: str) -> None:
+    demo: DemoTask = request.getfixturevalue(shape)
+    body = demo.request(f"redteam-{shape}-{attack}", _appended(demo, WORKING[attack]))
+    if shape != "class_task":
+        body["log_parser"] = shape.removesuffix("_task")
+    result = shared_executor.submit(body).json()
+    assert result["canaries"] == 3, result["canaries_skipped"]  # guarded, and still forged
     _assert_not_resolved_with_a_verdict(result)
