@@ -32,6 +32,8 @@ AGENT_FILES = {
     "nested-pyproject": ("pyproject.toml", NESTED),
     "backtracking-pyproject": ("pyproject.toml", BACKTRACKING * 4),
     "backtracking-setup-cfg": ("setup.cfg", BACKTRACKING * 4),
+    # configparser's own option regex is quadratic in a line of blanks with no delimiter.
+    "blank-line-setup-cfg": ("setup.cfg", b"[tool:pytest]\n" + b" " * 400_000 + b"x\n"),
     "nul-setup-cfg": ("setup.cfg", b"[tool:pytest]\naddopts = -p no:python\n\0\xff\xfe"),
     "bad-utf8-pyproject": ("pyproject.toml", b"[tool.pytest.ini_options]\nx = '\xff\xfe'\n"),
     "duplicate-sections": ("setup.cfg", b"[tool:pytest]\na=1\n[tool:pytest]\na=2\n"),
@@ -149,6 +151,21 @@ def test_the_header_reader_reads_what_the_old_regex_read(line):
 ], ids=["issue-line", "closed", "whitespace"])
 def test_the_header_reader_takes_lines_that_made_the_old_regex_backtrack(line, name):
     assert testconfig.table_header(line) == name
+
+
+def test_a_megabyte_line_of_blanks_in_setup_cfg_is_read_in_one_pass():
+    """Just under the size cap, in a subprocess with a generous limit: the old option regex
+    took hours on it (quadratic); one pass takes milliseconds."""
+    import subprocess
+    import sys
+
+    script = ("from task_executor.grading import testconfig as t\n"
+              "line = '[tool:pytest]\\n' + ' ' * (t.MAX_SECTIONED_BYTES - 100) + 'x\\n'\n"
+              "print(t.restore_test_sections('setup.cfg', '[tool:pytest]\\na = 1\\n', line)[1])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
 
 
 def test_every_sectioned_reader_refuses_what_it_cannot_take_without_raising():
