@@ -83,11 +83,13 @@ def serve(settings: Settings, private_mounts: bool = False) -> None:
     from task_executor.sandbox import executor_namespace
     from task_executor.service import lifecycle
     from task_executor.service.app import create_app
+    from task_executor.service.limits import raise_open_files_limit
     from task_executor.service.server import make_server
 
     # Before the app exists: what a killed predecessor left must be gone before work starts.
     # Still in the host's namespace, where a predecessor that had none left its mounts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
+    log.info("open files: up to %d", raise_open_files_limit())
     if private_mounts:  # before the app starts any thread, and before it mounts anything
         entered = executor_namespace.enter_private()
         if entered.private:
@@ -157,13 +159,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "auth: %s",
         f"bearer token required (from {source.origin})" if source else "none (no token set)",
     )
-    from task_executor.service.lifecycle import BaseDirInUse
+    from task_executor.service.lifecycle import BaseDirInUse, ServingLoopFailed
 
     try:
         serve(settings, private_mounts=entry_point)
     except BaseDirInUse as exc:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2
+    except ServingLoopFailed:  # already logged with its traceback
+        if entry_point:
+            # At once: worker threads still running must not hold the exit, and the next
+            # executor on the base directory cleans up whatever this one leaves.
+            logging.shutdown()
+            os._exit(1)
+        return 1
     return 0
 
 

@@ -146,6 +146,12 @@ def install(app: Flask) -> Drain:
 # -- cleaning the base directory ---------------------------------------------------------------
 
 
+class ServingLoopFailed(RuntimeError):
+    """An exception escaped waitress's serving loop: this process can no longer serve. It is
+    logged with its traceback; the process must exit non-zero at once (its supervisor restarts
+    it, and the next executor on the base directory cleans up what this one leaves)."""
+
+
 class BaseDirInUse(RuntimeError):
     """Another live executor holds the base directory's lock."""
 
@@ -261,13 +267,13 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.is_set():
-            server.asyncore.loop(
-                timeout=server.adj.asyncore_loop_timeout,
-                map=server._map,
-                use_poll=server.adj.asyncore_use_poll,
-                count=1,
-            )
+        try:
+            _run_loop(server, stop)
+        except Exception as error:
+            # Never a quiet drain and exit 0: a server that cannot serve says why, and its
+            # caller exits non-zero so the supervisor restarts it (issue 24).
+            log.exception("the serving loop failed; this executor cannot serve any more")
+            raise ServingLoopFailed(f"the serving loop failed: {error!r}") from error
         if drained and drained[0]:
             _flush(server)
         else:
@@ -275,8 +281,18 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _shut_down(server, services)
+    _shut_down(server, services)
     return bool(drained and drained[0])
+
+
+def _run_loop(server: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        server.asyncore.loop(
+            timeout=server.adj.asyncore_loop_timeout,
+            map=server._map,
+            use_poll=server.adj.asyncore_use_poll,
+            count=1,
+        )
 
 
 def _channels(server: Any) -> list[Any]:
@@ -290,7 +306,9 @@ def _flush(server: Any) -> None:
         getattr(c, "total_outbufs_len", 0) or getattr(c, "requests", None)
         for c in _channels(server)
     ):
-        server.asyncore.loop(timeout=0.05, map=server._map, count=1)
+        server.asyncore.loop(
+            timeout=0.05, map=server._map, use_poll=server.adj.asyncore_use_poll, count=1
+        )
 
 
 def release_mounts(services: Services) -> None:
