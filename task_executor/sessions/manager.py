@@ -36,6 +36,7 @@ from task_executor.grading.grader import Grader, GradingJob
 from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
+from . import headroom
 from .capture import CapturedPatch, CaptureFailed, capture_patch
 from .files import FileBytes, read_file, write_file
 from .runner import SessionClosed as ShellClosed
@@ -86,6 +87,7 @@ class SessionManager:
                     f"{self.settings.max_sessions} sessions are live; close one or retry later",
                     retry_after=5,
                 )
+            headroom.check()
             self._starting += 1
             self._ensure_reaper()
         try:
@@ -285,6 +287,7 @@ class SessionManager:
                 raise OverCapacity(
                     f"{self.settings.max_sessions} sessions are live", retry_after=5
                 )
+            headroom.check()
             self._starting += 1
         try:
             with self._using(session_id) as source:

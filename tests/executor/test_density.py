@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import os
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from task_executor.service.lifecycle import clean_base_dir
 from tests.executor.test_lifecycle import serving
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
@@ -129,3 +131,54 @@ def test_an_exception_in_the_serving_loop_exits_non_zero_with_its_traceback(tmp_
     assert "Traceback (most recent call last)" in done.stderr
     assert "ValueError" in done.stderr
     assert "draining" not in done.stderr and "shut down:" not in done.stderr
+
+
+def _serve_with_fd_limit(base: Path, limit: int) -> tuple[subprocess.Popen[str], str]:
+    """A ``task-executor serve`` process whose open-files limit, hard and soft, is ``limit``."""
+    env = {**os.environ, "DOCKYARD_TASK_EXECUTOR_THREADS": "8"}
+    env.pop("API_TOKEN", None)
+    with (base.parent / "executor.err").open("w") as log:  # what a failure needs to say
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "task_executor", "serve", "--host", "127.0.0.1", "--port",
+             "0", "--base-dir", str(base)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on http://127.0.0.1:" in line, f"no listening line: {line!r}"
+    return proc, line.strip().rsplit(" ", 1)[1]
+
+
+def test_out_of_fds_is_a_retryable_503_and_live_sessions_go_on(tmp_path, demo_task):
+    proc, url = _serve_with_fd_limit(tmp_path / "base", 200)
+    try:
+        http = Http(url)
+        assert http.get("/health").json()["limits"]["open_files"] == 200
+        started, refused = [], None
+        body = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+        for _ in range(40):  # far more than 200 fds hold, at about ten a session
+            answer = http.post("/session/start", json=body)
+            if answer.status_code != 200:
+                refused = answer
+                break
+            started.append(answer.json()["session_id"])
+        assert refused is not None, "200 fds held 40 sessions: the check was never reached"
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "out_of_fds"
+        assert int(refused.headers["Retry-After"]) > 0
+        assert started, "not even one session fit"
+        for sid in started:  # nothing else broke
+            assert _exec(http, sid, f"echo {sid}")["output"] == f"{sid}\n"
+        assert http.get("/health").status_code == 200
+        # Room made is room given: a closed session lets the next start in.
+        closed = requests.delete(f"{url}/session/{started.pop()}", timeout=60)
+        assert closed.status_code == 200
+        again = http.post("/session/start", json=body)
+        assert again.status_code == 200, again.text
+    finally:
+        proc.send_signal(signal.SIGTERM)  # its own shutdown closes the sessions
+        proc.wait(timeout=120)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        clean_base_dir(tmp_path / "base")  # in case it did not get that far
