@@ -13,10 +13,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import requests
 
+from task_executor.grading.grader import owner_token
 from task_executor.service.lifecycle import clean_base_dir
-from tests.executor.test_lifecycle import serving
+from tests.executor.test_lifecycle import (
+    assert_nothing_left,
+    owned_processes,
+    serving,
+    start_serve,
+)
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
 IDLE_CONNECTIONS = 1100
@@ -182,3 +189,60 @@ def test_out_of_fds_is_a_retryable_503_and_live_sessions_go_on(tmp_path, demo_ta
         assert proc.stdout is not None
         proc.stdout.close()
         clean_base_dir(tmp_path / "base")  # in case it did not get that far
+
+
+def _cgroup_dirs(base: Path) -> list[Path]:
+    """Every cgroup directory of an executor on ``base``, in any hierarchy."""
+    parents = Path("/sys/fs/cgroup").glob(f"*/dockyard-{owner_token(base)}")
+    unified = Path("/sys/fs/cgroup") / f"dockyard-{owner_token(base)}"
+    found = [*parents, *([unified] if unified.is_dir() else [])]
+    return sorted(d for parent in found for d in [parent, *parent.iterdir()] if d.is_dir())
+
+
+def _start_many(url: str, demo_task, count: int) -> list[str]:
+    body = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+    with requests.Session() as pooled:
+        started = []
+        for _ in range(count):
+            answer = pooled.post(f"{url}/session/start", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+            started.append(answer.json()["session_id"])
+    return started
+
+
+def test_sigterm_with_fifty_sessions_exits_zero_and_leaves_nothing(tmp_path, demo_task):
+    base = tmp_path / "base"
+    server = start_serve(base, DOCKYARD_MAX_SESSIONS="60", DOCKYARD_SHUTDOWN_GRACE="30")
+    try:
+        _start_many(server.url, demo_task, 50)
+        assert len(owned_processes(base)) >= 50  # a shell or more per session
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 0
+        assert_nothing_left(base)
+        assert _cgroup_dirs(base) == []
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(timeout=30)
+        assert server.proc.stdout is not None
+        server.proc.stdout.close()
+        clean_base_dir(base)
+
+
+def test_the_next_executor_removes_the_cgroups_a_killed_one_left(tmp_path, demo_task):
+    base = tmp_path / "base"
+    with serving(base) as first:
+        _start_many(first.url, demo_task, 3)
+        left = _cgroup_dirs(base)
+        first.proc.kill()
+        first.proc.wait(timeout=30)
+    if not left:
+        pytest.skip("no cgroup controller is writable here: no groups to leave behind")
+    assert _cgroup_dirs(base) == left, "SIGKILL should leave the groups (the case tested)"
+    with serving(base) as second:
+        now = _cgroup_dirs(base)
+        stale = [d for d in left if d in now and d.parent.name.startswith("dockyard-")]
+        assert stale == [], f"the killed executor's workspace groups are still there: {stale}"
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(timeout=120) == 0
+    assert _cgroup_dirs(base) == []
