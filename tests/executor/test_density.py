@@ -22,7 +22,6 @@ from tests.executor.test_lifecycle import (
     assert_nothing_left,
     owned_processes,
     serving,
-    start_serve,
 )
 from tests.executor.test_sessions_api import _exec, _finish, _start
 
@@ -212,21 +211,13 @@ def _start_many(url: str, demo_task, count: int) -> list[str]:
 
 def test_sigterm_with_fifty_sessions_exits_zero_and_leaves_nothing(tmp_path, demo_task):
     base = tmp_path / "base"
-    server = start_serve(base, DOCKYARD_MAX_SESSIONS="60", DOCKYARD_SHUTDOWN_GRACE="30")
-    try:
+    with serving(base, DOCKYARD_MAX_SESSIONS="60", DOCKYARD_SHUTDOWN_GRACE="30") as server:
         _start_many(server.url, demo_task, 50)
         assert len(owned_processes(base)) >= 50  # a shell or more per session
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=120) == 0
-        assert_nothing_left(base)
-        assert _cgroup_dirs(base) == []
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait(timeout=30)
-        assert server.proc.stdout is not None
-        server.proc.stdout.close()
-        clean_base_dir(base)
+    assert_nothing_left(base)
+    assert _cgroup_dirs(base) == []
 
 
 def test_the_next_executor_removes_the_cgroups_a_killed_one_left(tmp_path, demo_task):
