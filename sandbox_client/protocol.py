@@ -586,6 +586,11 @@ class HealthResponse(_Response):
         description="Gradings running and allowed, long session calls running and allowed, "
         "sessions live and allowed, load average.",
     )
+    limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="Effective limits a session start is checked against: `open_files` (the "
+        "executor's RLIMIT_NOFILE), `pids_max` (processes and threads the machine may reach).",
+    )
 
 
 class SessionStartSpec(_Request):

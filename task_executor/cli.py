@@ -92,11 +92,13 @@ def serve(settings: Settings, private_mounts: bool = False) -> None:
     from task_executor.sandbox import executor_namespace
     from task_executor.service import lifecycle
     from task_executor.service.app import create_app
+    from task_executor.service.limits import raise_open_files_limit
     from task_executor.service.server import make_server
 
     # Before the app exists: what a killed predecessor left must be gone before work starts.
     # Still in the host's namespace, where a predecessor that had none left its mounts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
+    log.info("open files: up to %d", raise_open_files_limit())
     if private_mounts:  # before the app starts any thread, and before it mounts anything
         entered = executor_namespace.enter_private()
         if entered.private:
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "auth: %s",
         f"bearer token required (from {source.origin})" if source else "none (no token set)",
     )
-    from task_executor.service.lifecycle import BaseDirInUse, ServingFailed
+    from task_executor.service.lifecycle import BaseDirInUse, ServingLoopFailed
     from task_executor.service.services import SandboxUnavailable
 
     try:
@@ -184,8 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BaseDirInUse, SandboxUnavailable) as exc:
         print(f"task-executor: {exc}", file=sys.stderr)
         return 2
-    except ServingFailed as exc:  # logged with its traceback where it happened
+    except ServingLoopFailed as exc:  # already logged with its traceback
         print(f"task-executor: {exc}", file=sys.stderr)
+        if entry_point:
+            # At once: worker threads still running must not hold the exit, and the next
+            # executor on the base directory cleans up whatever this one leaves.
+            logging.shutdown()
+            os._exit(1)
         return 1
     return 0
 

@@ -146,8 +146,10 @@ def install(app: Flask) -> Drain:
 # -- cleaning the base directory ---------------------------------------------------------------
 
 
-class ServingFailed(RuntimeError):
-    """The serving loop raised: the executor cannot serve and must exit non-zero."""
+class ServingLoopFailed(RuntimeError):
+    """An exception escaped waitress's serving loop: this process can no longer serve. It is
+    logged with its traceback; the process must exit non-zero at once (its supervisor restarts
+    it, and the next executor on the base directory cleans up what this one leaves)."""
 
 
 class BaseDirInUse(RuntimeError):
@@ -265,19 +267,13 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.is_set():
-            try:
-                server.asyncore.loop(
-                    timeout=server.adj.asyncore_loop_timeout,
-                    map=server._map,
-                    use_poll=server.adj.asyncore_use_poll,
-                    count=1,
-                )
-            except Exception as exc:
-                # Never a quiet drain: a loop that raised serves nobody, so say why and let the
-                # caller exit non-zero for the supervisor to restart us (after the cleanup below).
-                log.exception("the serving loop failed; shutting down to be restarted")
-                raise ServingFailed(f"the serving loop failed: {exc!r}") from exc
+        try:
+            _run_loop(server, stop)
+        except Exception as error:
+            # Never a quiet drain and exit 0: a server that cannot serve says why, and its
+            # caller exits non-zero so the supervisor restarts it (issue 24).
+            log.exception("the serving loop failed; this executor cannot serve any more")
+            raise ServingLoopFailed(f"the serving loop failed: {error!r}") from error
         if drained and drained[0]:
             _flush(server)
         else:
@@ -285,8 +281,18 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _shut_down(server, services)
+    _shut_down(server, services)
     return bool(drained and drained[0])
+
+
+def _run_loop(server: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        server.asyncore.loop(
+            timeout=server.adj.asyncore_loop_timeout,
+            map=server._map,
+            use_poll=server.adj.asyncore_use_poll,
+            count=1,
+        )
 
 
 def _channels(server: Any) -> list[Any]:

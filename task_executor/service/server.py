@@ -114,9 +114,9 @@ def make_server(
         # per live session and per grading), and a connection over it waits unanswered.
         connection_limit=max(100, 4 * (settings.max_sessions + settings.threads)),
         ident="dockyard",
-        # poll(), not select(): select() cannot take an fd of 1024 or more, and each live session
-        # holds about ten, so past ~100 sessions the next new connection raised in the loop and
-        # took the whole executor down with it.
+        # poll(), not waitress's default select(): select() raises ValueError on any fd of 1024
+        # or more, which a dense executor reaches (about 10 fds per live session), and the
+        # serving loop died on the next new connection (issue 24).
         asyncore_use_poll=True,
     )
     server.channel_class = JsonErrorChannel

@@ -2,25 +2,19 @@
 
 waitress's default loop uses ``select()``, which cannot take an fd of 1024 or more. Each live
 session holds about ten fds in the executor, so past ~100 sessions the next new connection made
-the loop raise and the executor shut itself down, closing every session. These tests hold more
-than 1024 fds in a real executor process with real sessions, then open new connections.
+the loop raise and the executor shut itself down, closing every session. This test holds more
+than 1024 fds in a real executor process with real sessions (test_density.py holds them with idle
+connections, and makes the loop itself fail), then opens new connections and grades: the
+grading's output drain used select() too, and past ~100 sessions every grading lost its output.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-from pathlib import Path
 
-import pytest
 import requests
 
-from task_executor.cli import main
-from task_executor.config import Settings
-from task_executor.service import lifecycle
-from task_executor.service.app import create_app
-from task_executor.service.server import make_server
 from tests.conftest import FAST_PYTEST_ENV
 from tests.executor.test_lifecycle import assert_nothing_left, serving
 
@@ -71,44 +65,3 @@ def test_new_connections_past_fd_1024_are_answered_and_sessions_live_on(tmp_path
         assert server.proc.wait(timeout=600) == 0
     assert_nothing_left(base)
     assert "the serving loop failed" not in (base / "task_executor.log").read_text()
-
-
-class _FailingLoop:
-    """waitress's asyncore module, whose ``loop`` raises on its ``fail_at``-th call: a fault in
-    the serving loop itself (as select()'s ValueError was), injected at that boundary."""
-
-    def __init__(self, real: object, fail_at: int) -> None:
-        self._real, self._left = real, fail_at
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-    def loop(self, *args: object, **kwargs: object) -> None:
-        self._left -= 1
-        if self._left == 0:
-            raise ValueError("filedescriptor out of range in select()")
-        self._real.loop(*args, **kwargs)  # type: ignore[attr-defined]
-
-
-def test_a_failing_serving_loop_is_logged_and_raised_not_drained(tmp_path, caplog):
-    settings = Settings(base_dir=tmp_path / "base", threads=8)
-    app = create_app(settings)
-    server = make_server(app, settings, host="127.0.0.1", port=0)
-    assert server.adj.asyncore_use_poll  # the cause: no select() limit
-    server.asyncore = _FailingLoop(server.asyncore, fail_at=3)
-    with caplog.at_level(logging.ERROR, logger=lifecycle.__name__):
-        with pytest.raises(lifecycle.ServingFailed, match="out of range"):
-            lifecycle.serve_until_stopped(server, app)
-    failed = [r for r in caplog.records if "serving loop failed" in r.getMessage()]
-    assert failed and failed[0].levelno == logging.ERROR and failed[0].exc_info is not None
-    assert not app.extensions[lifecycle.EXTENSION].draining  # not a quiet drain: a failure
-
-
-def test_the_cli_exits_non_zero_when_the_loop_fails(tmp_path, monkeypatch, capsys):
-    def failing_serve(*_args: object, **_kwargs: object) -> None:
-        raise lifecycle.ServingFailed("the serving loop failed: ValueError('boom')")
-
-    monkeypatch.setattr("task_executor.cli.serve", failing_serve)
-    monkeypatch.setattr("task_executor.cli.configure_logging", lambda _settings: None)
-    assert main(["serve", "--base-dir", str(Path(tmp_path) / "base"), "--port", "0"]) == 1
-    assert "the serving loop failed" in capsys.readouterr().err

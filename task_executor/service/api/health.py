@@ -11,6 +11,7 @@ from flask import Blueprint, current_app
 from sandbox_client.protocol import HealthCapabilities, HealthResponse
 from task_executor import __version__
 from task_executor.service.openapi import openapi_document
+from task_executor.sessions import headroom
 
 blueprint = Blueprint("health", __name__)
 
@@ -53,6 +54,7 @@ def health() -> dict:
             "session_capacity": services.settings.max_sessions,
             "loadavg_1m": os.getloadavg()[0],
         },
+        limits=headroom.limits(),
     )
     return answer.model_dump(mode="json")
 

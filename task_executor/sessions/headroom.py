@@ -1,0 +1,79 @@
+"""Whether one more session fits in what this executor and its machine have left (issue 24).
+
+A session start takes file descriptors in the executor (about ten per live session), processes
+(a shell and its sandbox) and memory. Running out half way through a start gave a 500; checked
+first, with a margin, it is a retryable 503 whose code names the resource (``out_of_fds``,
+``out_of_pids``, ``out_of_memory``), and nothing that runs already is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from task_executor.errors import OverCapacity
+
+FDS_PER_SESSION = 16
+"""What one start may open in the executor, with room to spare (about ten stay open)."""
+FD_MARGIN = 64
+"""Kept for everything else: new connections, log files, gradings' pipes."""
+PIDS_PER_SESSION = 16
+PID_SHARE = 0.8
+"""Of the kernel's pid_max, the share this executor's sessions may take the machine to."""
+MEMORY_MARGIN_BYTES = 128 * 1024 * 1024
+RETRY_AFTER_S = 5
+
+
+class OutOfResource(OverCapacity):
+    """A resource a session needs is (nearly) exhausted: retry later or elsewhere."""
+
+    http_status = 503
+
+
+def limits() -> dict[str, int]:
+    """The effective limits a session start is checked against (``/health`` shows them)."""
+    return {
+        "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "pids_max": int(PID_SHARE * _read_int("/proc/sys/kernel/pid_max")),
+    }
+
+
+def check() -> None:
+    """Raise :class:`OutOfResource` unless one more session fits, margins included."""
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    open_now = len(os.listdir("/proc/self/fd"))
+    if open_now + FDS_PER_SESSION + FD_MARGIN > open_files:
+        raise _out("fds", f"{open_now} of {open_files} file descriptors are open")
+    pids_max = limits()["pids_max"]
+    pids_now = _tasks_on_machine()
+    if pids_now + PIDS_PER_SESSION > pids_max:
+        raise _out("pids", f"{pids_now} processes and threads run; {pids_max} allowed")
+    available = _mem_available()
+    if available is not None and available < MEMORY_MARGIN_BYTES:
+        raise _out("memory", f"{available // 2**20} MiB of memory available")
+
+
+def _out(what: str, detail: str) -> OutOfResource:
+    return OutOfResource(
+        f"no room for another session: {detail}; retry later or on another executor",
+        retry_after=RETRY_AFTER_S,
+        code=f"out_of_{what}",
+    )
+
+
+def _read_int(path: str) -> int:
+    return int(Path(path).read_text().split()[0])
+
+
+def _tasks_on_machine() -> int:
+    # /proc/loadavg's fourth field is "running/total" scheduling entities (processes and
+    # threads), the count pid_max bounds; one read instead of a /proc scan.
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+
+
+def _mem_available() -> int | None:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
