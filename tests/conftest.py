@@ -17,6 +17,8 @@ from task_executor.demo import DemoTask, make_demo_task
 
 # Plugins installed beside the test-suite (hypothesis, benchmark, ...) would load into every graded
 # pytest run and slow it down; graded runs in tests load only what they need.
+from tests.images import task_images  # noqa: E402,F401 -- a fixture, shared by modules
+
 FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 

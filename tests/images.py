@@ -9,6 +9,8 @@ from __future__ import annotations
 import secrets
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,22 @@ def make_image_root(path: Path) -> str:
     token = secrets.token_hex(8)
     (path / MARKER).write_text(token + "\n")
     return token
+
+
+IMAGE_A = "registry.example/dockyard/task-a:1"
+IMAGE_B = "registry.example/dockyard/task-b:1"
+
+
+@pytest.fixture(scope="session")
+def task_images() -> Iterator[tuple[Path, dict[str, str]]]:
+    """An image directory (the local provider's naming rule) with two images, made once per
+    test session: each is a hard-linked copy of /usr, seconds to make and to remove."""
+    from sandbox_client.pool import image_root
+
+    directory = Path(tempfile.mkdtemp(prefix="dockyard-images-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    try:
+        yield directory, {ref: make_image_root(image_root(directory, ref))
+                          for ref in (IMAGE_A, IMAGE_B)}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .provider import ImageNotFound, PodStatus, PoolKey, ProviderError
+
+log = logging.getLogger(__name__)
 
 SAFE = "-_.@+:"
 
@@ -47,6 +50,7 @@ class _Process:
     base: Path
     url: str | None = None
     output: list[str] = field(default_factory=list)
+    reported: bool = False
 
 
 class LocalProvider:
@@ -115,6 +119,10 @@ class LocalProvider:
         code = pod.proc.poll()
         if code is not None:
             tail = " | ".join(line for line in pod.output[-3:] if line)
+            if not pod.reported:
+                pod.reported = True
+                log.warning("pod %s: its executor exited %s; its last words:\n%s", name, code,
+                            "\n".join(pod.output))
             return PodStatus(name, "failed", reason=f"executor exited {code}: {tail}")
         if pod.url is None:
             return PodStatus(name, "creating")

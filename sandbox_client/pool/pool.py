@@ -23,6 +23,7 @@ everything.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import math
@@ -36,6 +37,7 @@ from typing import Any, Literal
 import requests
 
 from ..errors import TaskExecutorError
+from ..provisioner.signals import SignalDrain
 from .keys import PoolSettings, pool_key
 from .provider import ImageNotFound, PoolKey, Provider, ProviderError
 
@@ -140,11 +142,30 @@ class Pool:
         self._http = requests.Session()
         self._http.trust_env = False
         self._stop = threading.Event()
+        self._drained = False
+        # Sandman's pods outlived their job when a teardown hook did not run (A47): drain at
+        # exit too, and on SIGTERM/SIGINT inside ``with pool:`` (see provisioner.signals).
+        self._signals = SignalDrain(lambda: self._closed, f"pool {settings.job}")
+        atexit.register(self._drain_at_exit)
         self._watcher: threading.Thread | None = None
         if watch:
             self._watcher = threading.Thread(target=self._watch, name="dockyard-pool",
                                              daemon=True)
             self._watcher.start()
+
+    def __enter__(self) -> Pool:
+        self._signals.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.drain()
+        finally:
+            self._signals.restore()
+
+    def _drain_at_exit(self) -> None:
+        if not self._drained:
+            self.drain()
 
     # -- public calls -------------------------------------------------------------------------
 
@@ -239,8 +260,11 @@ class Pool:
         """Stop handing out pods and delete every one (confirmed); what was deleted and what
         could not be."""
         with self._lock:
-            self._closed = True
+            if self._drained:
+                return {"deleted": [], "left": []}
+            self._drained = self._closed = True
             self._lock.notify_all()
+        atexit.unregister(self._drain_at_exit)
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join(timeout=timeout)

@@ -9,11 +9,9 @@ and two marker files the host does not have.
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 
 from task_executor.demo import DemoTask
 from tests.conftest import FAST_PYTEST_ENV, RunningExecutor
-from tests.images import make_image_root
+from tests.images import IMAGE_A
 
 IMAGE = "registry.example/dockyard/task:demo"
 
@@ -36,16 +34,14 @@ class ImageRoot:
 
 
 @pytest.fixture(scope="module")
-def image_root() -> Iterator[ImageRoot]:
-    # /var/tmp: the same filesystem as /usr here (hard links), and passable by the sandbox uid.
-    parent = Path(tempfile.mkdtemp(prefix="dockyard-image-", dir="/var/tmp"))
-    parent.chmod(0o755)
-    path = parent / "root"
-    token, local_token = make_image_root(path), secrets.token_hex(8)
+def image_root(task_images: tuple[Path, dict[str, str]]) -> ImageRoot:
+    from sandbox_client.pool import image_root as root_of
+
+    path = root_of(task_images[0], IMAGE_A)
+    local_token = secrets.token_hex(8)
     # A file of its own, not a link: writes through the image must never reach the host's /usr.
     (path / "usr" / "local" / "marker").write_text(local_token + "\n")
-    yield ImageRoot(path, token, local_token)
-    shutil.rmtree(parent, ignore_errors=True)
+    return ImageRoot(path, task_images[1][IMAGE_A], local_token)
 
 
 @pytest.fixture

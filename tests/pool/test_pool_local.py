@@ -27,30 +27,20 @@ from sandbox_client.pool import (
     LocalProvider,
     Pool,
     PoolSettings,
-    image_root,
 )
 from task_executor.grading.grader import owner_token
 from task_executor.sandbox.cgroups import ROOT as CGROUP_ROOT
 from tests.conftest import FAST_PYTEST_ENV
-from tests.images import MARKER, make_image_root
+from tests.images import IMAGE_A, IMAGE_B, MARKER
 from tests.processes import mounts_anywhere, pids_carrying, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="executors sandbox as root")
 
-IMAGE_A = "registry.example/dockyard/task-a:1"
-IMAGE_B = "registry.example/dockyard/task-b:1"
-IMAGE_C = "registry.example/dockyard/task-c:1"
 
 
-@pytest.fixture(scope="module")
-def images() -> Iterator[tuple[Path, dict[str, str]]]:
-    """An image directory holding three images (by the local provider's naming rule)."""
-    directory = Path(tempfile.mkdtemp(prefix="dockyard-images-", dir="/var/tmp"))
-    directory.chmod(0o755)
-    tokens = {ref: make_image_root(image_root(directory, ref))
-              for ref in (IMAGE_A, IMAGE_B, IMAGE_C)}
-    yield directory, tokens
-    shutil.rmtree(directory, ignore_errors=True)
+@pytest.fixture
+def images(task_images: tuple[Path, dict[str, str]]) -> tuple[Path, dict[str, str]]:
+    return task_images
 
 
 @pytest.fixture
@@ -168,16 +158,17 @@ def test_the_cap_holds_and_trims_the_least_recently_used_idle_pod(images, work, 
             b = client.start_session(session_spec(demo_task, IMAGE_B))
             b.close()  # B: idle, used last
             pods_before = pool.provider.names()
-            c = client.start_session(session_spec(demo_task, IMAGE_C))
-            assert c.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_C]
+            # A new key (A with egress allowed) needs room: the least recently used idle pod goes.
+            c = client.start_session(session_spec(demo_task, IMAGE_A, deny_network=False))
+            assert c.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
             stats = pool.stats()
             assert stats["evictions"] == {"lru": 1}
-            assert sorted(stats["pods"]) == [IMAGE_B, IMAGE_C]  # A went, B stayed
+            assert sorted(stats["pods"]) == [IMAGE_A, IMAGE_B]  # the old A went, B stayed
             assert len(pool.provider.names()) <= 2 and pods_before[0] not in pool.provider.names()
-            # Both pods busy now: a fourth key waits, then is refused, never over the cap.
+            # Both pods busy now: a third key waits, then is refused, never over the cap.
             b2 = client.start_session(session_spec(demo_task, IMAGE_B))
             with pytest.raises(TaskExecutorError) as refused:
-                pool.acquire(IMAGE_A, timeout=1.0)
+                pool.acquire(IMAGE_A, timeout=1.0)  # A, egress denied: its pod was trimmed
             assert getattr(refused.value, "code", "") == "pool_full"
             assert pool.stats()["acquires"]["refused"] == 1
             assert len(pool.provider.names()) == 2
@@ -239,3 +230,39 @@ def test_prewarm_needs_a_spec_and_warms_the_key_it_names(images, work, demo_task
         assert pool.stats()["acquires"]["hit"] == 1 and pool.stats()["creates"] == 1
     finally:
         pool.drain()
+
+
+SIGTERMED_TRAINER = """
+import sys, time
+from pathlib import Path
+from sandbox_client.pool import LocalProvider, Pool, PoolSettings
+
+images, work, image = sys.argv[1:4]
+with Pool(PoolSettings(job="sig", poll_interval_s=0.05),
+          LocalProvider(images, work, env={"DOCKYARD_TASK_EXECUTOR_THREADS": "8"})) as pool:
+    lease = pool.acquire(image)
+    print(lease.url, flush=True)
+    time.sleep(600)  # killed here, holding its pod
+"""
+
+
+def test_a_trainer_killed_with_sigterm_drains_its_pool(images, work):
+    """Sandman A47: pods outlived their job when a teardown hook did not run."""
+    import subprocess
+    import sys
+
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", SIGTERMED_TRAINER, str(images[0]), str(work), IMAGE_A],
+        stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                 if k != "API_TOKEN"})
+    assert trainer.stdout is not None
+    url = trainer.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:")
+    (name,) = [p.name for p in work.iterdir()]
+    base = work / name
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=300) == 143
+    trainer.stdout.close()
+    assert list(work.iterdir()) == []
+    assert pids_carrying(f"DOCKYARD_EXECUTOR={owner_token(base)}".encode()) == []
+    assert mounts_anywhere(work) == []
