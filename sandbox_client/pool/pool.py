@@ -238,8 +238,15 @@ class Pool:
             self._lock.notify_all()
 
     def alive(self, lease: Lease) -> bool:
-        """Whether the lease's pod still runs, as its provider sees it now."""
-        return self.provider.status(lease.pod).phase == "ready"
+        """Whether the lease's pod still runs: its provider says so, and it answers ``/health``
+        (a SIGKILLed process can look alive to its provider for a moment)."""
+        if self.provider.status(lease.pod).phase != "ready":
+            return False
+        try:
+            self._health(lease.url)
+        except Exception:  # noqa: BLE001 -- any failure to answer is "not alive"
+            return False
+        return True
 
     def prewarm(self, images: Mapping[str, int], spec: Any = None) -> list[str]:
         """Start pods so that each image has at least its count (ready or on the way) for

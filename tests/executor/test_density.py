@@ -234,6 +234,8 @@ def test_the_next_executor_removes_the_cgroups_a_killed_one_left(tmp_path, demo_
         now = _cgroup_dirs(base)
         stale = [d for d in left if d in now and d.parent.name.startswith("dockyard-")]
         assert stale == [], f"the killed executor's workspace groups are still there: {stale}"
+        # Answered once: its SIGTERM handler is in place (the listening line comes before it).
+        assert requests.get(second.url + "/health", timeout=60).status_code == 200
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(timeout=120) == 0
     assert _cgroup_dirs(base) == []

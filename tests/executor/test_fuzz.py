@@ -29,7 +29,12 @@ from schemathesis.checks import not_a_server_error
 from task_executor.config import Settings
 from task_executor.demo import DemoTask, make_demo_task
 from task_executor.workspaces.mirrors import is_remote
-from tests.conftest import FAST_PYTEST_ENV, RunningExecutor, start_executor
+from tests.conftest import (
+    FAST_PYTEST_ENV,
+    RunningExecutor,
+    _searchable_by_the_sandbox,
+    start_executor,
+)
 from tests.executor.test_lifecycle import assert_nothing_left
 
 TOKEN = "fuzz-token"
@@ -80,6 +85,7 @@ class FuzzTarget:
 @pytest.fixture(scope="module")
 def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
     root = tmp_path_factory.mktemp("fuzz")
+    _searchable_by_the_sandbox(root)  # else the executor refuses to start (fail closed)
     settings_ = Settings(
         base_dir=root / "executor", threads=8, token=TOKEN, task_timeout=10,
         command_timeout=MAX_TIMEOUT_S, max_sessions=8,
