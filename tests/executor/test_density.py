@@ -72,6 +72,7 @@ def _fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+@pytest.mark.slow  # test_connections.py holds the default suite's case (real sessions, a grading)
 def test_new_connections_past_fd_1024_are_answered_and_sessions_live(tmp_path, demo_task):
     _raise_own_fd_limit(IDLE_CONNECTIONS + 512)
     # The connection limit follows max_sessions: 4 * (300 + 8) is above what the test holds.
