@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from task_executor.grading.grader import owner_token
 from task_executor.sandbox.cgroups import ROOT as CGROUP_ROOT
 from tests.conftest import FAST_PYTEST_ENV
 from tests.images import MARKER, make_image_root
+from tests.pool.support import fix_finish_and_grade, start_at_once
 from tests.processes import mounts_anywhere, pids_carrying, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="executors sandbox as root")
@@ -90,15 +90,7 @@ def test_acquire_exec_finish_release_idle_deletion_and_drain(images, work, demo_
             bases.append(work / pool.provider.names()[0])
             seen = session.exec(f"cat /{MARKER}").output.strip()
             assert seen == images[1][IMAGE_A]  # its image, not the host's (no such file there)
-            fix = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
-            assert session.exec(fix).exit_code == 0
-            finished = session.finish(test_patch=demo_task.test_patch,
-                                      fail_to_pass=demo_task.fail_to_pass,
-                                      pass_to_pass=demo_task.pass_to_pass)
-            assert finished.result.status == "resolved", finished.result.error
-            graded = client.run_task({**demo_task.request("pooled", demo_task.gold_patch),
-                                      "image": IMAGE_A, "env": FAST_PYTEST_ENV})
-            assert graded.status == "resolved"
+            fix_finish_and_grade(client, session, demo_task, IMAGE_A, FAST_PYTEST_ENV)
         stats = pool.stats()
         assert stats["acquires"]["miss"] == 1 and stats["acquires"]["hit"] == 1
         assert stats["creates"] == 1  # the grading went to the session's pod
@@ -115,21 +107,7 @@ def test_concurrent_acquires_of_one_image_make_one_executor(images, work, demo_t
     pool = make_pool(images, work)
     try:
         with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
-            sessions: list[Any] = []
-            errors: list[BaseException] = []
-
-            def start() -> None:
-                try:
-                    sessions.append(client.start_session(session_spec(demo_task, IMAGE_A)))
-                except BaseException as exc:  # noqa: BLE001 -- reported below
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=start) for _ in range(8)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            assert errors == []
+            sessions = start_at_once(client, session_spec(demo_task, IMAGE_A), 8)
             assert len({s.url for s in sessions}) == 1
             stats = pool.stats()
             assert stats["creates"] == 1
