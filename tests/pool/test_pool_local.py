@@ -63,8 +63,9 @@ def work() -> Iterator[Path]:
 
 def make_pool(images: tuple[Path, dict[str, str]], work: Path, **settings: Any) -> Pool:
     provider = LocalProvider(images[0], work, env={"DOCKYARD_TASK_EXECUTOR_THREADS": "8"})
-    return Pool(PoolSettings(job="t", poll_interval_s=0.05, check_interval_s=0.2, **settings),
-                provider)
+    values: dict[str, Any] = {"job": "t", "poll_interval_s": 0.05, "check_interval_s": 0.2,
+                              **settings}
+    return Pool(PoolSettings(**values), provider)
 
 
 def session_spec(demo_task, image: str, **extra: Any) -> dict[str, Any]:
@@ -179,7 +180,8 @@ def test_an_unknown_image_is_a_clear_error(images, work, demo_task):
 
 
 def test_a_sigkilled_executor_is_replaced_and_drain_leaves_nothing(images, work, demo_task):
-    pool = make_pool(images, work)
+    # The watcher does not look at ready pods here: the next call must find the executor dead.
+    pool = make_pool(images, work, check_interval_s=3600.0)
     bases: list[Path] = []
     try:
         with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
@@ -187,13 +189,19 @@ def test_a_sigkilled_executor_is_replaced_and_drain_leaves_nothing(images, work,
             first.close()
             (name,) = pool.provider.names()
             bases.append(work / name)
-            os.kill(pool.provider._pods[name].proc.pid, signal.SIGKILL)
-            # Right away: the call finds it dead, the pool deletes it, the call goes elsewhere.
+            proc = pool.provider._pods[name].proc
+            creates = pool.stats()["creates"]
+            os.kill(proc.pid, signal.SIGKILL)
+            # Once it has exited (a connection reset met while the kill is still under way is
+            # no proof that it is gone, and the call is not placed again on a live pod), the
+            # next call finds it dead, the pool deletes it, the call goes elsewhere.
+            wait_until(lambda: proc.poll() is not None, timeout=60)
             second = client.start_session(session_spec(demo_task, IMAGE_A))
             assert second.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
             assert name not in pool.provider.names()
             bases += [work / n for n in pool.provider.names()]
-            assert pool.stats()["creates"] == 2
+            assert pool.stats()["creates"] == creates + 1  # one replacement, no more
+            assert pool.stats()["evictions"].get("dead") == 1
             second.close()
     finally:
         report = pool.drain()
