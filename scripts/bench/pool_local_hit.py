@@ -38,8 +38,8 @@ IMAGE = "registry.example/dockyard/bench-hit:1"
 
 def _figures(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 2)}
+    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 3),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 3)}
 
 
 def run_local_hit(n: int, as_json: bool) -> int:
@@ -80,8 +80,8 @@ def run_local_hit(n: int, as_json: bool) -> int:
         raise RuntimeError(f"drain left {report['left']}")
     result = {name: _figures(values) for name, values in timings.items()}
     for name, figures in result.items():
-        print(f"local hit, {name:<14} n={figures['n']:<5} p50 {figures['p50_ms']:.2f} ms  "
-              f"p99 {figures['p99_ms']:.2f} ms")
+        print(f"local hit, {name:<14} n={figures['n']:<5} p50 {figures['p50_ms']:.3f} ms  "
+              f"p99 {figures['p99_ms']:.3f} ms")
     goal = result["start_session"]["p50_ms"] <= 50.0
     print(f"goal: an acquire that hits <= 50 ms p50 end to end (start_session): "
           f"{'met' if goal else 'NOT met'}")
