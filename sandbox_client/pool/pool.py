@@ -86,6 +86,9 @@ class _Pod:
     url: str | None = None
     capacity: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    """Work in flight by kind: sessions and gradings each have their own room (``/health``
+    gives each its capacity), so a pod full of sessions still takes gradings."""
     waiters: int = 0
     last_used: float = 0.0
     idle_since: float = 0.0
@@ -94,7 +97,7 @@ class _Pod:
     checked: float = 0.0
 
     def room(self, kind: Kind) -> int:
-        return self.capacity.get(kind, 0) - self.in_flight
+        return self.capacity.get(kind, 0) - self.by_kind[kind]
 
 
 @dataclass
@@ -227,6 +230,7 @@ class Pool:
             if pod is None:
                 return
             pod.in_flight -= 1
+            pod.by_kind[lease.kind] -= 1
             now = self._clock()
             pod.last_used = now
             if pod.in_flight == 0:
@@ -374,6 +378,7 @@ class Pool:
 
     def _lease(self, pod: _Pod, kind: Kind, outcome: Outcome, started: float) -> Lease:
         pod.in_flight += 1
+        pod.by_kind[kind] += 1
         pod.last_used = self._clock()
         if pod.in_flight == 1:
             self._idle_pod_s += max(0.0, pod.last_used - pod.idle_since)

@@ -18,7 +18,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from sandbox_client.provisioner.testing import (
     StandInAPI,
     StandInServer,
 )
+from tests.pool.support import gone
 from tests.provisioner.conftest import NAMESPACE, TRAINER, Harness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,25 +51,6 @@ IMAGE = "ghcr.io/example/swe-task:django__django-11099"
 CARRIER = "dockyard-carrier:test"
 WAIT_S = 90.0
 """Only turns a hang into a failure: a loaded 2-CPU machine may take seconds to start one."""
-
-
-@pytest.fixture()
-def runner() -> Iterator[ExecutorPodRunner]:
-    pod_runner = ExecutorPodRunner()
-    yield pod_runner
-    pod_runner.stop_all()
-
-
-@pytest.fixture()
-def harness(runner: ExecutorPodRunner) -> Iterator[Harness]:
-    with StandInServer(StandInAPI(pod_runner=runner)) as server:
-        h = Harness(server)
-        try:
-            yield h
-        finally:
-            for prov in h.provisioners:
-                prov.drain(timeout=10.0)
-            h.api.close()
 
 
 def provider(h: Harness, clock: Callable[[], float] = time.monotonic,
@@ -122,18 +104,11 @@ def test_create_pulls_then_serves_a_real_executor_and_delete_stops_it(
     p.delete("pool-a")
     assert p.status("pool-a").phase == "gone" and p.names() == []
     assert not runner.alive(pod_name)
-    assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    assert gone(pid)
     assert not base.exists()  # its base directory went with it
     assert job_pods(harness, p) == []
     with pytest.raises(OSError):
         health(status.url)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except OSError:
-        return True
 
 
 def test_the_manifest_carries_the_task_image_labels_annotation_and_owner(

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from task_executor.grading.grader import owner_token
 from task_executor.sandbox.cgroups import ROOT as CGROUP_ROOT
 from tests.conftest import FAST_PYTEST_ENV
 from tests.images import IMAGE_A, IMAGE_B, MARKER
+from tests.pool.support import fix_finish_and_grade, start_at_once
 from tests.processes import mounts_anywhere, pids_carrying, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="executors sandbox as root")
@@ -53,8 +53,9 @@ def work() -> Iterator[Path]:
 
 def make_pool(images: tuple[Path, dict[str, str]], work: Path, **settings: Any) -> Pool:
     provider = LocalProvider(images[0], work, env={"DOCKYARD_TASK_EXECUTOR_THREADS": "8"})
-    return Pool(PoolSettings(job="t", poll_interval_s=0.05, check_interval_s=0.2, **settings),
-                provider)
+    values: dict[str, Any] = {"job": "t", "poll_interval_s": 0.05, "check_interval_s": 0.2,
+                              **settings}
+    return Pool(PoolSettings(**values), provider)
 
 
 def session_spec(demo_task, image: str, **extra: Any) -> dict[str, Any]:
@@ -80,15 +81,7 @@ def test_acquire_exec_finish_release_idle_deletion_and_drain(images, work, demo_
             bases.append(work / pool.provider.names()[0])
             seen = session.exec(f"cat /{MARKER}").output.strip()
             assert seen == images[1][IMAGE_A]  # its image, not the host's (no such file there)
-            fix = "sed -i 's/return a - b/return a + b/' calc/__init__.py"
-            assert session.exec(fix).exit_code == 0
-            finished = session.finish(test_patch=demo_task.test_patch,
-                                      fail_to_pass=demo_task.fail_to_pass,
-                                      pass_to_pass=demo_task.pass_to_pass)
-            assert finished.result.status == "resolved", finished.result.error
-            graded = client.run_task({**demo_task.request("pooled", demo_task.gold_patch),
-                                      "image": IMAGE_A, "env": FAST_PYTEST_ENV})
-            assert graded.status == "resolved"
+            fix_finish_and_grade(client, session, demo_task, IMAGE_A, FAST_PYTEST_ENV)
         stats = pool.stats()
         assert stats["acquires"]["miss"] == 1 and stats["acquires"]["hit"] == 1
         assert stats["creates"] == 1  # the grading went to the session's pod
@@ -105,21 +98,7 @@ def test_concurrent_acquires_of_one_image_make_one_executor(images, work, demo_t
     pool = make_pool(images, work)
     try:
         with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
-            sessions: list[Any] = []
-            errors: list[BaseException] = []
-
-            def start() -> None:
-                try:
-                    sessions.append(client.start_session(session_spec(demo_task, IMAGE_A)))
-                except BaseException as exc:  # noqa: BLE001 -- reported below
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=start) for _ in range(8)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            assert errors == []
+            sessions = start_at_once(client, session_spec(demo_task, IMAGE_A), 8)
             assert len({s.url for s in sessions}) == 1
             stats = pool.stats()
             assert stats["creates"] == 1
@@ -192,7 +171,8 @@ def test_an_unknown_image_is_a_clear_error(images, work, demo_task):
 
 
 def test_a_sigkilled_executor_is_replaced_and_drain_leaves_nothing(images, work, demo_task):
-    pool = make_pool(images, work)
+    # The watcher does not look at ready pods here: the next call must find the executor dead.
+    pool = make_pool(images, work, check_interval_s=3600.0)
     bases: list[Path] = []
     try:
         with SandboxClient(pool=pool, urls=["http://127.0.0.1:9"]) as client:
@@ -200,13 +180,19 @@ def test_a_sigkilled_executor_is_replaced_and_drain_leaves_nothing(images, work,
             first.close()
             (name,) = pool.provider.names()
             bases.append(work / name)
-            os.kill(pool.provider._pods[name].proc.pid, signal.SIGKILL)
-            # Right away: the call finds it dead, the pool deletes it, the call goes elsewhere.
+            proc = pool.provider._pods[name].proc
+            creates = pool.stats()["creates"]
+            os.kill(proc.pid, signal.SIGKILL)
+            # Once it has exited (a connection reset met while the kill is still under way is
+            # no proof that it is gone, and the call is not placed again on a live pod), the
+            # next call finds it dead, the pool deletes it, the call goes elsewhere.
+            wait_until(lambda: proc.poll() is not None, timeout=60)
             second = client.start_session(session_spec(demo_task, IMAGE_A))
             assert second.exec(f"cat /{MARKER}").output.strip() == images[1][IMAGE_A]
             assert name not in pool.provider.names()
             bases += [work / n for n in pool.provider.names()]
-            assert pool.stats()["creates"] == 2
+            assert pool.stats()["creates"] == creates + 1  # one replacement, no more
+            assert pool.stats()["evictions"].get("dead") == 1
             second.close()
     finally:
         report = pool.drain()
