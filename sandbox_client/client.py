@@ -221,7 +221,8 @@ class SandboxClient:
                               "no pool (SandboxClient(pool=...))", field="image",
                               model=type(spec).__name__, problem="no pool for images")
         for attempt_no in range(2):
-            lease = self.pool.acquire(image, spec, kind=kind)
+            lease = self.pool.acquire(image, spec, kind=kind, template=template_key(
+                spec.repo, spec.base_commit, spec.setup, spec.env))
             try:
                 answer = attempt(lease.url)
             except (ExecutorUnreachable, _GradingDied, ReplyLost) as exc:

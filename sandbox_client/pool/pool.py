@@ -44,6 +44,7 @@ from .provider import ImageNotFound, PoolKey, Provider, ProviderError
 log = logging.getLogger(__name__)
 
 Kind = Literal["session", "task"]
+_TEMPLATES_KEPT = 64
 Outcome = Literal["hit", "join", "miss", "refused"]
 
 
@@ -87,6 +88,8 @@ class _Pod:
     capacity: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
+    templates: dict[str, None] = field(default_factory=dict)
+    """Template keys this pod served (oldest first, a bounded few): it has built them."""
     """Work in flight by kind: sessions and gradings each have their own room (``/health``
     gives each its capacity), so a pod full of sessions still takes gradings."""
     waiters: int = 0
@@ -173,9 +176,11 @@ class Pool:
     # -- public calls -------------------------------------------------------------------------
 
     def acquire(self, image: str, spec: Any = None, kind: Kind = "session",
-                timeout: float | None = None) -> Lease:
+                timeout: float | None = None, template: str | None = None) -> Lease:
         """A lease on a ready pod of ``image`` (for ``spec``'s key) with room for one ``kind``
-        of work; waits for a create in flight or for room, within ``timeout``."""
+        of work; waits for a create in flight or for room, within ``timeout``. With
+        ``template`` (the spec's template key), a pod that already built that template is
+        preferred: a GRPO group builds its template once per pod, as on the default fleet."""
         key = pool_key(image, spec)
         started = self._clock()
         deadline = started + (self.settings.acquire_timeout_s if timeout is None else timeout)
@@ -188,8 +193,12 @@ class Pool:
                     if joined is not None:
                         joined.waiters -= 1
                         joined = None
-                    pod = self._best(key, kind)
+                    pod = self._best(key, kind, template)
                     if pod is not None:
+                        if template is not None:
+                            pod.templates[template] = None
+                            while len(pod.templates) > _TEMPLATES_KEPT:
+                                pod.templates.pop(next(iter(pod.templates)))
                         return self._lease(pod, kind, outcome or "hit", started)
                     blocked = [p for p in self._of(key) if p.phase == "unschedulable"]
                     if blocked:
@@ -324,10 +333,12 @@ class Pool:
     def _of(self, key: PoolKey) -> list[_Pod]:
         return [p for p in self._pods.values() if p.key == key and not p.deleting]
 
-    def _best(self, key: PoolKey, kind: Kind) -> _Pod | None:
-        """The busiest ready pod of ``key`` with room: packing lets the rest go idle."""
+    def _best(self, key: PoolKey, kind: Kind, template: str | None = None) -> _Pod | None:
+        """A ready pod of ``key`` with room: one that built ``template`` first (template
+        affinity), then the busiest (packing lets the rest go idle)."""
         ready = [p for p in self._of(key) if p.phase == "ready" and p.room(kind) > 0]
-        return max(ready, key=lambda p: (p.in_flight, -p.created), default=None)
+        return max(ready, key=lambda p: (template is not None and template in p.templates,
+                                         p.in_flight, -p.created), default=None)
 
     def _pending_with_room(self, key: PoolKey) -> _Pod | None:
         for pod in self._of(key):

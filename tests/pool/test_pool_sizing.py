@@ -71,3 +71,28 @@ def test_pods_per_key_follow_work_in_flight_over_capacity():
         lease.release()
     assert pool.stats()["acquires"] == {"hit": 6, "join": 0, "miss": 3, "refused": 0}
     pool.drain()
+
+
+def test_a_template_goes_back_to_the_pod_that_built_it():
+    pool, provider = pool_with({"session_capacity": 4, "task_capacity": 4})
+
+    def acquire(template: str):  # type: ignore[no-untyped-def]
+        got: list[object] = []
+        thread = threading.Thread(
+            target=lambda: got.append(pool.acquire("img", template=template)))
+        thread.start()
+        while thread.is_alive():
+            pool.tick()
+            thread.join(0.01)
+        return got[0]
+
+    built_t = acquire("t")  # s-1 builds t
+    filling = [acquire("u") for _ in range(3)]  # s-1 full
+    on_two = [acquire("u") for _ in range(3)]  # s-2, busier than s-1 once s-1 is emptied
+    assert [lease.pod for lease in [built_t, *filling, *on_two]] == ["s-1"] * 4 + ["s-2"] * 3
+    for lease in filling:
+        lease.release()
+    assert acquire("t").pod == "s-1"  # where t was built, though s-2 is busier
+    assert acquire("v").pod == "s-2"  # a new template: the busiest pod with room
+    assert provider.created == ["s-1", "s-2"]
+    pool.drain()
