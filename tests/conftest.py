@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,24 @@ def start_executor(
         unmount_under(settings.base_dir)
 
     return RunningExecutor(url=url, settings=settings, token=settings.token), stop
+
+
+@contextmanager
+def module_executor(tmp_path_factory: pytest.TempPathFactory,
+                    name: str) -> Iterator[RunningExecutor]:
+    """One executor for every case of a module that only submits gradings, in a passable
+    directory of its own; stopped and unmounted after."""
+    from task_executor.service.lifecycle import unmount_under
+
+    root = tmp_path_factory.mktemp(name)
+    _searchable_by_the_sandbox(root)
+    running, stop = start_executor(Settings(base_dir=root / "executor", threads=8,
+                                            task_timeout=120))
+    try:
+        yield running
+    finally:
+        stop()
+        unmount_under(root)
 
 
 @pytest.fixture

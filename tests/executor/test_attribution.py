@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.config import Settings
 from task_executor.demo import (
     BASE_FILES,
     DemoTask,
@@ -27,8 +26,7 @@ from task_executor.demo import (
 from task_executor.grading.consistency import RunEvidence
 from task_executor.grading.control import ControlCache
 from task_executor.grading.results import ReportedTests
-from task_executor.service.lifecycle import unmount_under
-from tests.conftest import RunningExecutor, _searchable_by_the_sandbox, start_executor
+from tests.conftest import RunningExecutor, module_executor
 
 SOURCE = BASE_FILES["calc/__init__.py"]
 REQUIRED = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_mul"]
@@ -37,13 +35,8 @@ REQUIRED = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_mul"]
 @pytest.fixture(scope="module")
 def shared_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecutor]:
     """One executor for every case of this module (they only submit gradings)."""
-    root = tmp_path_factory.mktemp("attribution")
-    _searchable_by_the_sandbox(root)
-    running, stop = start_executor(Settings(base_dir=root / "executor", threads=8,
-                                            task_timeout=120))
-    yield running
-    stop()
-    unmount_under(root)
+    with module_executor(tmp_path_factory, "attribution") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

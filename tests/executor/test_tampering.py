@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from task_executor.config import Settings
 from task_executor.demo import (
     BASE_FILES,
     DemoTask,
@@ -26,8 +25,7 @@ from task_executor.demo import (
     write_files,
 )
 from task_executor.grading import canaries
-from task_executor.service.lifecycle import unmount_under
-from tests.conftest import RunningExecutor, _searchable_by_the_sandbox, start_executor
+from tests.conftest import RunningExecutor, module_executor
 
 SOURCE = BASE_FILES["calc/__init__.py"]
 F2P_NAMES = "('test_add', 'test_add_many')"
@@ -188,13 +186,8 @@ PYTEST_ATTACKS = {
 @pytest.fixture(scope="module")
 def shared_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecutor]:
     """One executor for every case of this module (they only submit gradings)."""
-    root = tmp_path_factory.mktemp("tampering")
-    _searchable_by_the_sandbox(root)
-    running, stop = start_executor(Settings(base_dir=root / "executor", threads=8,
-                                            task_timeout=120))
-    yield running
-    stop()
-    unmount_under(root)
+    with module_executor(tmp_path_factory, "tampering") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,8 @@ _WATCHED = (
     ("unittest.suite", ("TestSuite", "BaseTestSuite")),
     ("unittest.runner", ("TextTestResult", "TextTestRunner")),
     ("dockyard_integrity", ("watch", "hook_watch", "_behaviour", "_probes", "_changed",
-                            "_targets", "_package", "_only_added", "_nothing_added")),
+                            "_targets", "_package", "_only_added", "_nothing_added",
+                            "_watched_cells")),
 )
 SENSITIVE_HOOKS = (
     "pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_runtest_logreport",
@@ -63,13 +64,7 @@ def _behaviour(obj, seen):
     code = getattr(obj, "__code__", None) if not isinstance(obj, type) else None
     if code is not None:
         out += [code, getattr(obj, "__defaults__", None), getattr(obj, "__kwdefaults__", None)]
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if callable(contents) or isinstance(contents, (list, dict, set)):
-                out.append(contents)
+        out += [contents for _, contents in _watched_cells(obj)]
     if isinstance(obj, type):
         out += list(obj.__mro__) + [type(obj)]
         for key in sorted(vars(obj)):
@@ -78,6 +73,20 @@ def _behaviour(obj, seen):
                 out.append(key)
                 out += _behaviour(value, seen)
     return out
+
+
+def _watched_cells(obj):
+    """(cell, contents) of ``obj``'s closure cells that hold behaviour (a callable or a mutable
+    container): what a patcher would swap to change a function without touching its code."""
+    cells = []
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(contents) or isinstance(contents, (list, dict, set)):
+            cells.append((cell, contents))
+    return cells
 
 
 def _probes(obj, seen):
@@ -105,14 +114,7 @@ def _probes(obj, seen):
     if names:
         fetch = operator.attrgetter("__class__", *names)  # a tuple, at C speed
         probes.append((lambda: fetch(obj), fetch(obj)))
-    cells = []
-    for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if callable(contents) or isinstance(contents, (list, dict, set)):
-            cells.append((cell, contents))
+    cells = _watched_cells(obj)
     if cells:
         probes.append((lambda: tuple(_contents(cell) for cell, _ in cells),
                        tuple(contents for _, contents in cells)))
