@@ -172,12 +172,12 @@ class SandboxClient:
         # One key per call: its own re-submits replay the verdict, a new call grades afresh.
         submission = uuid.uuid4().hex
         if task.image is not None:
-            url, result = self._pooled(
-                task.image, task, "task", f"task {task.task_id}",
+            lease, result = self._pooled(
+                task, key, "task", f"task {task.task_id}",
                 lambda url: self._submit(url, task.task_id, body, read, submission,
                                          spill=False))
             log.info("task %s: %s in %.1fs on %s (image %s)", task.task_id, result.status,
-                     result.duration_s, url, task.image)
+                     result.duration_s, lease.url, task.image)
             return result
         url, result = self._place(
             "task", key, f"task {task.task_id}",
@@ -200,29 +200,29 @@ class SandboxClient:
                               read_timeout=read, wait_busy=wait_busy)
 
         if start.image is not None:
-            lease_box: list[Any] = []
-            url, started = self._pooled(start.image, start, "session", "session start",
-                                        lambda url: begin(url, wait_busy=True), keep=lease_box)
-            log.info("session %s: started on %s (image %s)", started.session_id, url,
+            lease, started = self._pooled(start, key, "session", "session start",
+                                          lambda url: begin(url, wait_busy=True), keep=True)
+            log.info("session %s: started on %s (image %s)", started.session_id, lease.url,
                      start.image)
-            return RemoteSession(self, url, started, command_timeout=start.command_timeout,
-                                 on_end=lease_box[0].release)
+            return RemoteSession(self, lease.url, started,
+                                 command_timeout=start.command_timeout, on_end=lease.release)
         url, started = self._place("session", key, "session start", begin)
         log.info("session %s: started on %s", started.session_id, url)
         return RemoteSession(self, url, started, command_timeout=start.command_timeout)
 
-    def _pooled(self, image: str, spec: Any, kind: str, what: str,
-                attempt: Callable[[str], T], keep: list[Any] | None = None) -> tuple[str, T]:
-        """Run ``attempt`` on a pod of ``image`` from the pool; a pod that does not answer is
-        reported dead (the pool deletes it) and the call placed once more, on another pod.
-        With ``keep``, the lease is kept (appended) for the caller to release, else released."""
+    def _pooled(self, spec: Any, template: str, kind: str, what: str,
+                attempt: Callable[[str], T], keep: bool = False) -> tuple[Any, T]:
+        """Run ``attempt`` on a pod of ``spec.image`` from the pool (preferring one that built
+        ``template``); a pod that does not answer is reported dead (the pool deletes it) and
+        the call placed once more, on another pod. Returns the lease, released unless
+        ``keep`` (the caller then releases it), and the answer."""
+        image = spec.image
         if self.pool is None:
             raise InvalidSpec(f"{what}: the spec names image {image!r}, but this client has "
                               "no pool (SandboxClient(pool=...))", field="image",
                               model=type(spec).__name__, problem="no pool for images")
         for attempt_no in range(2):
-            lease = self.pool.acquire(image, spec, kind=kind, template=template_key(
-                spec.repo, spec.base_commit, spec.setup, spec.env))
+            lease = self.pool.acquire(image, spec, kind=kind, template=template)
             try:
                 answer = attempt(lease.url)
             except (ExecutorUnreachable, _GradingDied, ReplyLost) as exc:
@@ -241,11 +241,9 @@ class SandboxClient:
             except BaseException:
                 lease.release()
                 raise
-            if keep is None:
+            if not keep:
                 lease.release()
-            else:
-                keep.append(lease)
-            return lease.url, answer
+            return lease, answer
         raise AssertionError("unreachable")  # pragma: no cover
 
     def health(self, url: str) -> HealthResponse:
