@@ -88,10 +88,13 @@ class _Pod:
     capacity: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
-    templates: dict[str, None] = field(default_factory=dict)
-    """Template keys this pod served (oldest first, a bounded few): it has built them."""
     """Work in flight by kind: sessions and gradings each have their own room (``/health``
     gives each its capacity), so a pod full of sessions still takes gradings."""
+    templates: dict[str, None] = field(default_factory=dict)
+    """Template keys this pod served (oldest first, a bounded few): it has built them."""
+    submitted: bool = False
+    """The provider's create returned: before that the provider may not know the name yet, and
+    its "gone" would be read as a failure (a pod was replaced that way while being made)."""
     waiters: int = 0
     last_used: float = 0.0
     idle_since: float = 0.0
@@ -372,6 +375,7 @@ class Pool:
         self._lock.release()
         try:
             self.provider.create(key, name)
+            pod.submitted = True
         except ImageNotFound as exc:
             self._forget(name)
             raise ImageUnavailable(str(exc)) from exc
@@ -437,7 +441,7 @@ class Pool:
     def tick(self) -> None:
         """One round: pending pods moved along, dead ones dropped, idle ones reclaimed."""
         with self._lock:
-            pods = [p for p in self._pods.values() if not p.deleting]
+            pods = [p for p in self._pods.values() if p.submitted and not p.deleting]
         now = self._clock()
         for pod in pods:
             if pod.phase in ("creating", "pulling", "unschedulable"):

@@ -96,3 +96,41 @@ def test_a_template_goes_back_to_the_pod_that_built_it():
     assert acquire("v").pod == "s-2"  # a new template: the busiest pod with room
     assert provider.created == ["s-1", "s-2"]
     pool.drain()
+
+
+class SlowToCreate(ReadyAtOnce):
+    """A provider that learns a pod's name only when its create returns, and whose create
+    returns only after the pool's watcher has looked at the pods several times (as an executor
+    process or an API call takes a while to start)."""
+
+    def __init__(self, pool_rounds: threading.Semaphore) -> None:
+        super().__init__()
+        self.rounds = pool_rounds
+
+    def create(self, key: PoolKey, name: str) -> None:
+        for _ in range(3):
+            self.rounds.acquire()
+        super().create(key, name)
+
+
+def test_a_pod_is_not_judged_before_its_create_has_returned():
+    rounds = threading.Semaphore(0)
+    provider = SlowToCreate(rounds)
+    pool = Pool(PoolSettings(job="s"), provider,  # type: ignore[arg-type]
+                health=lambda url: {"session_capacity": 1, "task_capacity": 1}, watch=False)
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(pool.acquire("img")))
+    thread.start()
+    for _ in range(200):  # rounds, not seconds: without the rule every new pod "failed" here
+        pool.tick()  # while the create runs, the provider says "gone" for its name
+        rounds.release()
+        thread.join(0.01)
+        if not thread.is_alive():
+            break
+    pool_stats = pool.stats()
+    for _ in range(10):
+        rounds.release()  # a create still waiting (without the rule) may return now
+    pool.drain()
+    thread.join()
+    assert pool_stats["evictions"] == {}
+    assert provider.created[0] == "s-1" and got and got[0].pod == "s-1"  # type: ignore[attr-defined]
