@@ -240,3 +240,34 @@ def test_the_next_executor_removes_the_cgroups_a_killed_one_left(tmp_path, demo_
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(timeout=120) == 0
     assert _cgroup_dirs(base) == []
+
+
+def test_a_start_that_runs_out_of_fds_past_the_check_is_the_same_503():
+    """The check is a snapshot: when a start runs out of descriptors anyway (a connection took
+    the margin meanwhile), the error deep inside it, however wrapped, is the retryable 503."""
+    from task_executor.sessions import headroom
+
+    opened: list[int] = []
+
+    def start() -> None:  # as a workspace's git or a shell's pipes fail on the real limit
+        try:
+            while True:
+                opened.extend(os.pipe())
+        except OSError as exc:
+            raise RuntimeError("the workspace's git could not start") from exc
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    try:
+        with pytest.raises(headroom.OutOfResource) as caught:
+            with headroom.running_out_is_503():
+                start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in opened:
+            os.close(fd)
+    assert caught.value.http_status == 503 and caught.value.code == "out_of_fds"
+    assert opened, "no descriptor was opened before the limit"
+    with pytest.raises(RuntimeError):  # anything else stays what it was
+        with headroom.running_out_is_503():
+            raise RuntimeError("another fault")
