@@ -182,7 +182,8 @@ def test_out_of_fds_is_a_retryable_503_and_live_sessions_go_on(tmp_path, demo_ta
         closed = requests.delete(f"{url}/session/{started.pop()}", timeout=60)
         assert closed.status_code == 200
         again = http.post("/session/start", json=body)
-        assert again.status_code == 200, again.text
+        log = (tmp_path / "executor.err").read_text(errors="replace")
+        assert again.status_code == 200, (again.text, log[-3000:])
     finally:
         proc.send_signal(signal.SIGTERM)  # its own shutdown closes the sessions
         proc.wait(timeout=120)
