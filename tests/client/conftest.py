@@ -148,12 +148,16 @@ def hangup_server() -> Iterator[RawServer]:
 
 @pytest.fixture
 def make_client(sleeps: Sleeps) -> Iterator[Callable[..., SandboxClient]]:
-    """Build clients with recorded sleeps and short timeouts; closes them after the test."""
+    """Build clients with recorded sleeps and short timeouts; closes them after the test.
+
+    They do not ask ``/health`` before a first call (``learn_capacity=False``) unless told: the
+    tests that use them script every exchange; learning is tested in ``test_capacity.py``."""
     made: list[SandboxClient] = []
 
     def make(urls: list[str] | str, **kwargs: Any) -> SandboxClient:
         if "config" not in kwargs:
             kwargs.setdefault("timeout", (2.0, 5.0))
+        kwargs.setdefault("learn_capacity", False)
         client = SandboxClient(urls, sleep=sleeps, **kwargs)
         made.append(client)
         return client
