@@ -55,9 +55,9 @@ from .errors import (
     ExecutorRejected,
     ExecutorTimeout,
     ExecutorUnreachable,
-    InvalidSpec,
     ProtocolError,
     ReplyLost,
+    SpecError,
     TaskExecutorError,
     first_problem,
     parse_spec,
@@ -171,7 +171,8 @@ class SandboxClient:
 
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the executor its template is placed on; raises
-        ``TaskExecutorError`` on failure (``InvalidSpec`` for a spec that does not validate)."""
+        ``TaskExecutorError`` on failure, and ``SpecError`` at once (nothing sent) for a spec that
+        does not validate."""
         task = self.config.with_conditions(
             self.config.with_task_timeout(parse_spec(TaskSpec, spec)))
         body = task.model_dump(mode="json", exclude_none=True)
@@ -234,7 +235,7 @@ class SandboxClient:
         ``keep`` (the caller then releases it), and the answer."""
         image = spec.image
         if self.pool is None:
-            raise InvalidSpec(f"{what}: the spec names image {image!r}, but this client has "
+            raise SpecError(f"{what}: the spec names image {image!r}, but this client has "
                               "no pool (SandboxClient(pool=...))", field="image",
                               model=type(spec).__name__, problem="no pool for images")
         for attempt_no in range(2):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSpec, parse_spec
+from ..errors import SpecError, parse_spec
 from ..protocol import TaskSpec
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@|file:)", re.IGNORECASE)
@@ -213,7 +213,7 @@ def task_spec(
         body["log_bytes"] = log_bytes
     try:
         return parse_spec(TaskSpec, body)
-    except InvalidSpec as exc:
+    except SpecError as exc:
         raise InputError(f"instance {iid}: {exc.field}: {exc.problem}") from None
 
 

@@ -178,6 +178,20 @@ def graded_on(caplog: pytest.LogCaptureFixture) -> Counter[str]:
 FAST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
+def answered(executor: Any, route: str, status: int) -> int:
+    """Requests a live executor answered on ``route`` with ``status``, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = executor.get("/metrics").text
+    return int(sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dockyard_http_requests_total"
+        and sample.labels.get("route") == route and sample.labels.get("status") == str(status)
+    ))
+
+
 def demo_instance(demo: Any, instance_id: str, **overrides: Any) -> dict[str, Any]:
     """A SWE-bench instance record (test lists JSON-encoded, as SWE-bench stores them) for the
     demo repository; ``patch`` is the reference fix."""

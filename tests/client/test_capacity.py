@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import requests
 import responses
-from prometheus_client.parser import text_string_to_metric_families
 
 from sandbox_client import ExecutorUnreachable, SandboxClient, TaskSpec
 from sandbox_client.routing import Fleet
@@ -27,25 +26,13 @@ from task_executor.grading.grader import default_test_command
 from tests.conftest import RunningExecutor
 from tests.processes import wait_until
 
-from .conftest import FAST_ENV, Sleeps, closed_port, ranked, task_result, task_spec
+from .conftest import FAST_ENV, Sleeps, answered, closed_port, ranked, task_result, task_spec
 
 Make = Callable[..., SandboxClient]
 A, B = "http://exec-a:9090", "http://exec-b:9090"
 GUARD_S = 120.0  # only turns a hang into a failure
 BUSY = {"error": {"code": "over_capacity", "message": "all slots are busy"}}
 STARTED = {"session_id": "s", "workdir": "/testbed", "base_commit": "abc123"}
-
-
-def answered(executor: RunningExecutor, route: str, status: int) -> int:
-    """Requests the executor answered on ``route`` with ``status``, from its /metrics."""
-    text = executor.get("/metrics").text
-    return int(sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "dockyard_http_requests_total"
-        and sample.labels.get("route") == route and sample.labels.get("status") == str(status)
-    ))
 
 
 def held_specs(demo: DemoTask, release: Path, count: int) -> list[dict[str, Any]]:
