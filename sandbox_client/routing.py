@@ -242,9 +242,12 @@ class Fleet:
                 if not candidates:
                     return None
                 choice = self._preferred(kind, candidates, now)
-                if choice not in asked and self._capacity_due(self._executors[choice], now):
-                    asked.add(choice)
-                    continue  # learned (or waited for whoever learned it): choose again
+                if choice not in asked:
+                    step = self._learn_if_due(self._executors[choice], now)
+                    if step == "asked":
+                        asked.add(choice)
+                    if step is not None:
+                        continue  # learned, or waited for whoever learns it: choose again
                 if (
                     self._executors[choice].has_room(kind, now)
                     or wait_until is None
@@ -262,28 +265,32 @@ class Fleet:
                 placed[kind] = placed.get(kind, 0) + 1
             return choice
 
-    def _capacity_due(self, executor: _Executor, now: float) -> bool:
+    def _learn_if_due(
+        self, executor: _Executor, now: float
+    ) -> Literal["asked", "waited"] | None:
         """With the lock held: when ``executor``'s capacity must be asked before a call is placed
-        there, ask it (the lock released meanwhile), or wait while another call asks it for the
-        first time, and return True; False when what is known will do."""
+        there, ask its ``/health`` (the lock released meanwhile: "asked"), or, while another call
+        asks it for the first time, wait a while for that answer ("waited"); None when what is
+        known will do."""
         if self._learn is None or self._closed:
-            return False
+            return None
         never = executor.learned_at is None
         if not never and (executor.learning or now - executor.learned_at < self._capacity_ttl_s):
-            return False  # known: a refresh under way elsewhere need not hold this call
+            return None  # known: a refresh under way elsewhere need not hold this call
         if executor.learning:
             self._cond.wait(_RECHECK_S)
-            return True
+            return "waited"
         executor.learning = True
         self._cond.release()
+        load: Mapping[str, float] | None = None
         try:
-            load: Mapping[str, float] | None = self._learn(executor.url)
+            load = self._learn(executor.url)
         except Exception as exc:  # noqa: BLE001 -- whatever it is, the call goes ahead unlimited
-            load = None
             log.info("%s: capacity not learned (%s); placing without it", executor.url, exc)
         finally:
             self._cond.acquire()
-        executor.learning = False
+            executor.learning = False  # even on an interrupt: the waiters must not wait forever
+            self._cond.notify_all()
         if load is None:
             # Not asked again before the TTL: a dead executor costs one failed /health, not one
             # per call (its calls fail and eject it on their own).
@@ -292,8 +299,7 @@ class Fleet:
             executor.learn_capacity(load, time.monotonic())
             log.info("%s: capacity learned: %s gradings, %s sessions", executor.url,
                      executor.task_capacity, executor.session_capacity)
-        self._cond.notify_all()
-        return True
+        return "asked"
 
     def _relearn(self, executor: _Executor) -> None:
         """With the lock held: what was learned of ``executor``'s capacity is in doubt (a 429 all
