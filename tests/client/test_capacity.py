@@ -280,3 +280,41 @@ def test_scripted_bodies_are_valid_health_answers() -> None:
     from sandbox_client.protocol import HealthResponse
 
     assert HealthResponse.model_validate_json(json.dumps(health(3))).load["task_capacity"] == 3
+
+
+class Metrics:
+    """``answered`` for an executor subprocess, known only by its URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, timeout=30)
+
+
+def test_an_executor_restarted_with_a_smaller_capacity_is_learned_again(
+    shared_dir: Path, process_executors: Callable[..., list[Any]], demo_task: DemoTask,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It said 3; restarted at the same URL with 1 slot, it refuses the second of two gradings
+    (the client still believed 3): the client asks again, and from then on sends one at a time."""
+    monkeypatch.setenv("DOCKYARD_MAX_TASKS", "3")
+    (first,) = process_executors(1)
+    url = first.url
+    release = shared_dir / "release"
+    with SandboxClient(url) as client:
+        warm = {**demo_task.request("warm", demo_task.gold_patch), "env": dict(FAST_ENV)}
+        assert client.run_task(warm).status == "resolved"
+        assert client.fleet_status()[url].task_capacity == 3
+        first.process.kill()
+        first.process.wait()
+        monkeypatch.setenv("DOCKYARD_MAX_TASKS", "1")
+        process_executors(1, port=int(url.rsplit(":", 1)[1]))
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(client.run_task, spec)
+                       for spec in held_specs(demo_task, release, 2)]
+            wait_until(lambda: client.fleet_status()[url].task_capacity == 1, timeout=GUARD_S)
+            assert answered(Metrics(url), "/task/submit", 429) >= 1
+            release.touch()
+            results = [future.result(timeout=GUARD_S) for future in futures]
+    assert [r.status for r in results] == ["resolved", "unresolved"]
