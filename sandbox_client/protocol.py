@@ -226,21 +226,14 @@ class RequiredConditions(_Request):
 
 
 def one_task_id(data: Any) -> Any:
-    """A request body naming its task by both ``task_id`` and SWE-bench's ``instance_id``: equal,
-    that is one id; different, it is refused (which one would the result carry?). A SWE-bench
-    record with both becomes a spec through ``sandbox_client.cli.swebench.task_spec``, which
-    keeps ``task_id`` as Dockyard's id and ``instance_id`` as the SWE-bench one."""
-    if not isinstance(data, dict):
+    """A request body naming its task by both ``task_id`` and SWE-bench's ``instance_id`` (a
+    SWE-bench record passed as it is): ``task_id`` is the id it is graded and answered under,
+    as ``sandbox_client.cli.swebench.task_spec`` keeps it; ``instance_id`` alone is the id. Equal
+    or different, never an error (a reward batch of such records came back all "no verdict")."""
+    if not isinstance(data, dict) or "instance_id" not in data:
         return data
-    task_id, instance_id = data.get("task_id"), data.get("instance_id")
-    if task_id is None or instance_id is None or task_id == instance_id:
-        named = task_id if task_id is not None else instance_id
-        rest = {key: value for key, value in data.items() if key not in ("task_id", "instance_id")}
-        return rest if named is None else {**rest, "task_id": named}
-    raise ValueError(
-        f"task_id {str(task_id)[:80]!r} and instance_id {str(instance_id)[:80]!r} differ: a spec "
-        "has one id (turn a SWE-bench record into a spec with "
-        "sandbox_client.cli.swebench.task_spec, which keeps task_id)")
+    rest = {key: value for key, value in data.items() if key != "instance_id"}
+    return rest if data.get("task_id") is not None else {**rest, "task_id": data["instance_id"]}
 
 
 def _egress_agrees(deny_network: bool | None, conditions: RequiredConditions | None) -> None:
