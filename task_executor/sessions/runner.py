@@ -173,19 +173,25 @@ class ShellSession(Parking):
             raise
 
     def _open_fds(self) -> None:
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        """The output pipe and the memfds of the protocol (all closed again if one fails)."""
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._snap_fds: tuple[int, ...] = ()
         try:
-            fcntl.fcntl(out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
-            pass
-        os.set_blocking(out_r, False)
-        self._out_r, self._out_w = out_r, out_w
-        self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
-        self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
-        self._snap_fds = tuple(
-            _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC)) for _ in range(2)
-        )
-        self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
+            self._out_r, self._out_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                fcntl.fcntl(self._out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+                pass
+            os.set_blocking(self._out_r, False)
+            self._pipe_size = fcntl.fcntl(self._out_r, fcntl.F_GETPIPE_SZ)
+            self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
+            for _ in range(2):
+                state = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
+                self._snap_fds = (*self._snap_fds, state)
+            self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
+        except BaseException:
+            self._close_fds()
+            raise
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -217,7 +223,7 @@ class ShellSession(Parking):
                 if self._suspect or not self._shell_running():
                     self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
                 result = self._run_locked(command, limit, started)
-            except ShellStartError as exc:
+            except (ShellStartError, OSError) as exc:  # OSError: no fd or process to restart
                 # The session's code can see to this (a workspace whose memory or process
                 # limit its own files and processes fill): an answer, never a 500; the next
                 # command tries again, and finish still captures and grades the tree.
