@@ -10,7 +10,7 @@ import pytest
 
 from task_executor.sessions.runner import ShellSession
 from tests.executor.test_lifecycle import owned_processes
-from tests.executor.test_sessions_api import _exec, _start
+from tests.executor.test_sessions_api import _exec, _finish, _start
 from tests.processes import wait_until
 
 IDLE_STOP_S = 0.3
@@ -115,3 +115,17 @@ def test_a_runner_with_a_background_job_is_not_parked(tmp_path):
         assert shell.park() is True
     finally:
         shell.close()
+
+
+def test_a_stopped_session_finishes_and_forks_from_its_saved_state(executor_factory, demo_task):
+    executor = executor_factory(session_idle_stop=IDLE_STOP_S)
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "sed -i 's/return a - b/return a + b/' calc/__init__.py && cd calc "
+                         "&& MARK=forked")
+    wait_until(lambda: _stopped(executor, sid))
+    forked = executor.post(f"/session/{sid}/fork", json={})
+    assert forked.status_code == 200, forked.text
+    child = forked.json()["session_id"]
+    assert _exec(executor, child, 'echo "$MARK ${PWD##*/}"')["output"] == "forked calc\n"
+    assert _stopped(executor, sid) is True  # a fork reads the saved state; the source stays
+    assert _finish(executor, sid, demo_task)["result"]["status"] == "resolved"
