@@ -419,12 +419,6 @@ class SessionManager:
             log.info("%d idle session shells saved and stopped", stopped)
         return stopped
 
-    @property
-    def stopped(self) -> int:
-        """Live sessions whose shell is saved and stopped."""
-        with self._guard:
-            return sum(1 for s in self._sessions.values() if s.shell.parked)
-
     def reap_idle(self) -> list[str]:
         """Close sessions idle past the timeout (busy ones are left alone); return their ids."""
         now = time.monotonic()

@@ -5,11 +5,14 @@ the fds it gives back."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+import requests
 
 from task_executor.sessions.runner import ShellSession
-from tests.executor.test_lifecycle import owned_processes
+from tests.executor.test_density import Http
+from tests.executor.test_lifecycle import owned_processes, serving
 from tests.executor.test_sessions_api import _exec, _finish, _start
 from tests.processes import wait_until
 
@@ -129,3 +132,24 @@ def test_a_stopped_session_finishes_and_forks_from_its_saved_state(executor_fact
     assert _exec(executor, child, 'echo "$MARK ${PWD##*/}"')["output"] == "forked calc\n"
     assert _stopped(executor, sid) is True  # a fork reads the saved state; the source stays
     assert _finish(executor, sid, demo_task)["result"]["status"] == "resolved"
+
+
+@pytest.mark.slow  # a thousand sandboxed sessions: minutes on a 2-CPU machine
+def test_a_thousand_idle_sessions_hold_no_process_and_restore_on_demand(tmp_path, demo_task):
+    sessions = 1000
+    with serving(tmp_path / "base", DOCKYARD_MAX_SESSIONS=str(sessions + 10),
+                 DOCKYARD_SESSION_IDLE_STOP="2") as server:
+        http = Http(server.url)
+        ids = [_start(http, demo_task) for _ in range(sessions)]
+        for sid in ids[::100]:
+            _exec(http, sid, f"cd calc && SID={sid}")
+        wait_until(lambda: not owned_processes(tmp_path / "base"), timeout=600)
+        assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) < sessions * 2
+        for sid in ids[::100]:
+            assert _exec(http, sid, 'echo "${PWD##*/} $SID"')["output"] == f"calc {sid}\n"
+        for sid in ids:
+            assert requests.delete(f"{server.url}/session/{sid}", timeout=60).status_code == 200
+        assert owned_processes(tmp_path / "base") == []
+        assert sorted((tmp_path / "base" / "work").iterdir()) == []
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 0
