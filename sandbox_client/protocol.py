@@ -741,6 +741,10 @@ class SessionState(_Response):
     age_s: float = Field(description="Seconds since the session started.")
     idle_s: float = Field(description="Seconds since the last call on it.")
     commands_run: int = Field(description="Exec calls served.")
+    stopped: bool = Field(
+        default=False,
+        description="The idle shell is saved and stopped; the next command restarts it from "
+        "its saved state (DOCKYARD_SESSION_IDLE_STOP).")
 
 
 class FinishSpec(GradingSpec):

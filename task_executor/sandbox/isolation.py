@@ -140,7 +140,7 @@ class Sandbox:
                           _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
             argv = [*_wrapper(cgroup_files, args_files, seccomp), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, "--args", "3", "--"]
-        return Launcher(tuple(argv), namespace)
+        return Launcher(tuple(argv), namespace, confined=True)  # bwrap's --unshare-pid
 
     def _bwrap_options(
         self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...],

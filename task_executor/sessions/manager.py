@@ -37,7 +37,7 @@ from task_executor.grading.grader import Grader, GradingJob
 from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
-from . import headroom
+from . import headroom, idle
 from .capture import CapturedPatch, CaptureFailed, capture_patch
 from .files import FileBytes, read_file, write_file
 from .runner import SessionClosed as ShellClosed
@@ -260,6 +260,7 @@ class SessionManager:
                 age_s=round(now - session.started, 3),
                 idle_s=round(now - session.last_used, 3),
                 commands_run=session.shell.commands_run,
+                stopped=session.shell.parked,
             )
 
     def reset(self, session_id: str) -> SessionStartResult:
@@ -401,9 +402,25 @@ class SessionManager:
             self._reaper.start()
 
     def _reap_idle_forever(self) -> None:
-        interval = min(30.0, max(0.2, self.settings.session_idle_timeout / 4))
+        shortest = min(self.settings.session_idle_timeout,
+                       self.settings.session_idle_stop or float("inf"))
+        interval = min(30.0, max(0.2, shortest / 4))
         while not self._stop.wait(interval):
             self.reap_idle()
+            self.stop_idle()
+
+    def stop_idle(self) -> int:
+        """Save and stop the shells of sessions idle past ``session_idle_stop`` (see
+        ``idle``); how many were stopped now. A session in a call is skipped."""
+        after = self.settings.session_idle_stop
+        if after is None:
+            return 0
+        with self._guard:
+            sessions = list(self._sessions.values())
+        stopped = idle.park_idle(((s.shell, s.last_used) for s in sessions), after)
+        if stopped:
+            log.info("%d idle session shells saved and stopped", stopped)
+        return stopped
 
     def reap_idle(self) -> list[str]:
         """Close sessions idle past the timeout (busy ones are left alone); return their ids."""

@@ -80,6 +80,7 @@ from .framing import (
     ping_line,
     restore_line,
 )
+from .idle import Parked, Parking, shell_chain
 from .syntax import REFUSED_STATUS, tidy_message
 
 KILL_GRACE_S = 0.5
@@ -121,7 +122,7 @@ class _Shell:
         return self.proc.pid
 
 
-class ShellSession:
+class ShellSession(Parking):
     """A persistent bash: run commands one at a time, each checked, framed, capped, killable.
 
     ``env`` is the shell's whole environment (nothing is inherited from the executor); the
@@ -156,19 +157,8 @@ class ShellSession:
         self._suspect = False
         self._sids: set[int] = set()
         self._shell: _Shell | None = None
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            fcntl.fcntl(out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
-            pass
-        os.set_blocking(out_r, False)
-        self._out_r, self._out_w = out_r, out_w
-        self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
-        self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
-        self._snap_fds = tuple(
-            _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC)) for _ in range(2)
-        )
-        self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
+        self._parked: Parked | None = None
+        self._open_fds()
         try:
             if restore is None:
                 self._shell = self._spawn(cwd)
@@ -178,6 +168,27 @@ class ShellSession:
                     os.pwrite(fd, state, 0)
                 go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
                 self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open_fds(self) -> None:
+        """The output pipe and the memfds of the protocol (all closed again if one fails)."""
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._snap_fds: tuple[int, ...] = ()
+        try:
+            self._out_r, self._out_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                fcntl.fcntl(self._out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+                pass
+            os.set_blocking(self._out_r, False)
+            self._pipe_size = fcntl.fcntl(self._out_r, fcntl.F_GETPIPE_SZ)
+            self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
+            for _ in range(2):
+                state = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
+                self._snap_fds = (*self._snap_fds, state)
+            self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
         except BaseException:
             self._close_fds()
             raise
@@ -208,10 +219,11 @@ class ShellSession:
                     duration_s=time.monotonic() - started,
                 )
             try:
+                self._unpark()
                 if self._suspect or not self._shell_running():
                     self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
                 result = self._run_locked(command, limit, started)
-            except ShellStartError as exc:
+            except (ShellStartError, OSError) as exc:  # OSError: no fd or process to restart
                 # The session's code can see to this (a workspace whose memory or process
                 # limit its own files and processes fill): an answer, never a 500; the next
                 # command tries again, and finish still captures and grades the tree.
@@ -230,19 +242,23 @@ class ShellSession:
         if not self._lock.acquire(blocking=False):
             return self._shell_running()
         try:
-            return self._ping(within)
+            return self.parked or self._ping(within)
         finally:
             self._lock.release()
 
     def cwd(self) -> str | None:
-        """The shell's current directory, or None if there is no live shell."""
-        return self._shell_cwd()
+        """The shell's current directory (a parked shell's, as it was parked), or None if
+        there is no live shell."""
+        return self._shell_cwd() or self._parked_cwd()
 
     def saved_state(self) -> bytes:
         """The shell state as of the last completed command (variables, exports, functions,
         aliases, shopt), in the form ``restore`` takes."""
         with self._lock:
             self._check_open()  # closed under a fork: its fds are gone, maybe reused
+            parked = self._parked_state()
+            if parked is not None:
+                return parked
             self._ping(within=2.0)  # answered once the last command's snapshot is written
             return self._latest_state()
 
@@ -250,6 +266,7 @@ class ShellSession:
         """Kill every process of the session and start a fresh shell; all state is lost."""
         with self._lock:
             self._check_open()
+            self._unpark()
             self._kill_everything()
             for fd in self._snap_fds:
                 os.ftruncate(fd, 0)
@@ -480,13 +497,15 @@ class ShellSession:
     def _recover(self, since: int, cwd: str | None, out: CappedOutput | None = None) -> None:
         """Kill the shell and what the current command started; start a shell with the saved
         state, in ``cwd`` (None: the cwd the saved state recorded)."""
+        within = self._within()  # its tree, read while the shell still holds it together
         if self._shell is not None:
             _kill_now(self._shell)
             self._shell = None
         if self._closed:
             return
         reaper.kill(
-            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since),
+            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since,
+                          within=within),
             grace=KILL_GRACE_S,
         )
         self._drain(out, self._pipe_size)
@@ -502,14 +521,25 @@ class ShellSession:
         self._shell = self._spawn(start_in, snapshot + b"\n" + go + b"\n", out)
 
     def _kill_everything(self) -> None:
+        within = self._within()  # read before the shell's death scatters its tree
         if self._shell is not None:
             _kill_now(self._shell)
             self._shell = None
-        self._sweep(grace=KILL_GRACE_S)
+        self._sweep(grace=KILL_GRACE_S, within=within)
 
-    def _sweep(self, grace: float) -> None:
+    def _sweep(self, grace: float, within: reaper.Finder | None = None) -> None:
         """Kill every process of the session: marked, or in any session a shell of ours led."""
-        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids)), grace=grace)
+        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids),
+                                  within=within or self._within()), grace=grace)
+
+    def _within(self) -> reaper.Finder | None:
+        """Where the session's processes are: below its shells, when the launcher confines
+        them to a PID namespace (a scan of all /proc grew with every live session)."""
+        if not self._launcher.confined:
+            return None
+        within = reaper.tree_of(self._sids)
+        within()  # seen now: the shell's tree before a kill scatters it
+        return within
 
     def _shell_running(self) -> bool:
         """The shell process exists and is neither a zombie nor stopped."""
@@ -552,11 +582,27 @@ class ShellSession:
             raise SessionClosed("the shell session is closed")
 
     def _close_fds(self) -> None:
-        for fd in (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd):
+        """Close the runner's fds once: a number closed twice may by then be another
+        session's (a parked shell's are closed already)."""
+        fds = (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd)
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._snap_fds = ()
+        for fd in fds:
+            if fd < 0:
+                continue
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def _shell_pids(self) -> set[int]:
+        return shell_chain(self._shell.pid) if self._shell_running() and self._shell else set()
+
+    def _session_pids(self) -> set[int]:
+        within = self._within()
+        if within is not None:  # every process below the shells, whatever it claims
+            return set(within())
+        return {p.pid for p in reaper.find(reaper.Target(marker=self._marker, sids=self._sids))}
 
 
 def _kill_now(shell: _Shell) -> None:
