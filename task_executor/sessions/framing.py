@@ -149,12 +149,15 @@ class ShellFds:
     """Memfds the shell saves its state into after each command, in turn."""
     messages: int
     """Memfd the syntax check writes bash's messages into."""
+    stderr: int
+    """Write end of the pipe a command's stderr goes to when asked for separately."""
 
     def declare(self) -> str:
-        """Read-only variables with the fd numbers (and the control text that uses them)."""
+        """Read-only variables with the fd numbers (and the control texts that use them)."""
         return (
             f"declare -r __dy_sfd={self.status} __dy_cfd={self.command}"
-            f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self))}\n"
+            f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self, False))}"
+            f" __dy_L2={shlex.quote(_run_text(self, True))}\n"
             f"declare -ra __dy_pfd=({self.snapshots[0]} {self.snapshots[1]})\n"
         )
 
@@ -211,15 +214,23 @@ def command_file(nonce: str, command: bytes) -> bytes:
     return f"{CHECK_LINE} # {nonce}\n".encode() + command
 
 
-def _run_text(fds: ShellFds) -> str:
+RUN_SEPARATE_LINE = '\\eval "$__dy_L2"\n'
+"""The control line for a command whose stderr goes to the stderr pipe, apart from stdout."""
+
+
+def _run_text(fds: ShellFds, separate: bool) -> str:
     """Check and run the command (eval at top level, so that ``cd``, assignments, ``export``
     and function definitions persist); then frame its status. A backslash keeps agent aliases
-    from rewriting a word; the group's 2>/dev/null keeps __dy_post out of a `set -x` trace."""
+    from rewriting a word; the group's 2>/dev/null keeps __dy_post out of a `set -x` trace.
+    ``separate``: the command's fd 2 is the stderr pipe (redirections apply left to right, so
+    it is copied before its own number is closed to the command)."""
     closed = " ".join(
-        f"{fd}>&-" for fd in (fds.status, fds.command, *fds.snapshots, fds.messages)
+        f"{fd}>&-"
+        for fd in (fds.status, fds.command, *fds.snapshots, fds.messages, fds.stderr)
     )
+    to_stderr = f"2>&{fds.stderr} " if separate else ""
     return (
-        f'\\__dy_pre; \\eval "$__dy_cmd" {closed} </dev/null; '
+        f'\\__dy_pre; \\eval "$__dy_cmd" {to_stderr}{closed} </dev/null; '
         '{ \\__dy_post "$?"; } 2>/dev/null'
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sandbox_client.protocol import (
+    ExecRequest,
     ExecResult,
     FileWriteResult,
     FinishResult,
@@ -40,8 +42,13 @@ from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFac
 from . import headroom
 from .capture import CapturedPatch, CaptureFailed, capture_patch
 from .files import FileBytes, read_file, write_file
+from .modes import CallMode
 from .runner import SessionClosed as ShellClosed
 from .runner import ShellSession
+
+MAX_SHELLS = 16
+"""Shells one session may hold ("default" included)."""
+DEFAULT_SHELL = "default"
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,21 @@ class Session:
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    named: dict[str, ShellSession] = field(default_factory=dict)
+    """The shells besides ``shell`` (the default one), by name."""
+
+    def all_shells(self) -> list[ShellSession]:
+        return [self.shell, *self.named.values()]
+
+    def shell_names(self) -> list[str]:
+        return [DEFAULT_SHELL, *sorted(self.named)]
+
+    def find_shell(self, name: str) -> ShellSession:
+        """The shell called ``name``: 404 shell_not_found if the session has none."""
+        shell = self.shell if name == DEFAULT_SHELL else self.named.get(name)
+        if shell is None:
+            raise NotFound(f"the session has no shell {name!r}", code="shell_not_found")
+        return shell
 
 
 class SessionManager:
@@ -151,7 +173,8 @@ class SessionManager:
         # A running command ends now rather than being waited out: DELETE runs on one of the
         # threads kept for short calls, which an agent's `sleep 300` must not hold. (The shell
         # closes safely under a running command; its exec answers that the session closed.)
-        session.shell.close()
+        for shell in session.all_shells():
+            shell.close()
         with session.lock:
             self._dispose(session)
 
@@ -189,7 +212,8 @@ class SessionManager:
             return
         session.closed = True
         try:
-            session.shell.close()
+            for shell in session.all_shells():
+                shell.close()
         finally:
             session.workspace.destroy()
         log.info("session %s closed", session.session_id)
@@ -217,14 +241,54 @@ class SessionManager:
         finally:
             session.lock.release()
 
-    def exec(self, session_id: str, command: str, timeout: float | None) -> ExecResult:
+    def exec(self, session_id: str, command: str, timeout: float | None,
+             request: ExecRequest | None = None) -> ExecResult:
+        """Run ``command`` in the shell (and mode: subshell, cwd, env, stderr) ``request``
+        names; a shell name not used yet starts a shell."""
+        request = request or ExecRequest(command=command)
         with self._using(session_id) as session:
-            result = session.shell.run(command, timeout=timeout)
+            shell = self._shell_for(session, request.shell)
+            mode = CallMode(
+                subshell=request.in_subshell,
+                cwd=None if request.cwd is None else posixpath.join(
+                    session.workspace.visible_path, request.cwd),
+                env=dict(request.env or {}),
+                separate_stderr=request.stderr == "separate",
+            )
+            result = shell.run(command, timeout=timeout, mode=mode)
         if result.timed_out:
             log.info("session %s: command timed out after %.1fs", session_id, result.duration_s)
         elif result.error is not None:
             log.warning("session %s: %s", session_id, result.error)
         return result
+
+    def _shell_for(self, session: Session, name: str) -> ShellSession:
+        """The named shell, started (in the tree, with the session's env) on first use."""
+        if name == DEFAULT_SHELL or name in session.named:
+            return session.find_shell(name)
+        if len(session.named) + 1 >= MAX_SHELLS:
+            raise Conflict(f"the session has {MAX_SHELLS} shells; close one first",
+                           code="too_many_shells")
+        shell = self._shell(session.spec, session.workspace, session.deny_network)
+        session.named[name] = shell
+        return shell
+
+    def interrupt(self, session_id: str, shell_name: str) -> bool:
+        """Stop the command running in a shell; the shell and its state stay. Never waits
+        for the session's lock: the call it interrupts holds it."""
+        with self._guard:
+            session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        return session.find_shell(shell_name).interrupt()
+
+    def close_shell(self, session_id: str, shell_name: str) -> None:
+        if shell_name == DEFAULT_SHELL:
+            raise Conflict("the default shell closes with the session",
+                           code="cannot_close_default_shell")
+        with self._using(session_id) as session:
+            session.find_shell(shell_name)
+            session.named.pop(shell_name).close()
 
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:
@@ -258,13 +322,16 @@ class SessionManager:
                 cwd=session.shell.cwd(),
                 age_s=round(now - session.started, 3),
                 idle_s=round(now - session.last_used, 3),
-                commands_run=session.shell.commands_run,
+                commands_run=sum(shell.commands_run for shell in session.all_shells()),
+                shells=session.shell_names(),
             )
 
     def reset(self, session_id: str) -> SessionStartResult:
         """Back to the base state: the base tree (setup kept) and a fresh shell."""
         with self._using(session_id) as session:
-            session.shell.close()
+            for shell in session.all_shells():
+                shell.close()
+            session.named.clear()
             try:
                 session.workspace.reset()
                 session.shell = self._shell(session.spec, session.workspace, session.deny_network)
@@ -370,11 +437,15 @@ class SessionManager:
             # of all workspaces, which the capture's own cgroup draws on too. (Before the
             # capture had a group of its own, processes holding the workspace's pids limit made
             # every launch fail: a 503 retried forever.)
-            session.shell.stop_processes()
+            for shell in session.all_shells():
+                shell.stop_processes()
             if session.workspace.group is not None:
                 session.workspace.group.kill_all()  # escaped the shell's sweep: not the cgroup
             try:
-                captured: CapturedPatch | CaptureFailed = capture_patch(session.workspace)
+                captured: CapturedPatch | CaptureFailed = (
+                    CapturedPatch(patch=spec.patch) if spec.patch is not None
+                    else capture_patch(session.workspace, spec.exclude_paths)
+                )
             except CaptureFailed as exc:
                 captured = exc
             with self._guard:
