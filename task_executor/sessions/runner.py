@@ -164,7 +164,7 @@ class ShellSession:
         except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
             pass
         os.set_blocking(out_r, False)
-        self._out_r, self._out_w = out_r, out_w
+        self._out_r, self._out_w = out_r, _high_fd(out_w)
         self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
         # stderr on request (a pipe of its own), and the interrupt's wake-up of a waiting run.
         err_r, err_w = os.pipe2(os.O_CLOEXEC)  # the command's end blocks, as stdout's does
@@ -548,10 +548,11 @@ class ShellSession:
                 ["bash", "--noprofile", "--norc"],
                 stdin=subprocess.PIPE,
                 stdout=self._out_w,
-                stderr=self._out_w,
+                stderr=subprocess.DEVNULL,  # a command's fd 2 is set per command (framing)
                 cwd=cwd,
                 env=self._env,
-                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd, self._err_w),
+                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd, self._out_w,
+                          self._err_w),
                 start_new_session=True,
             )
         except BaseException:
@@ -651,6 +652,7 @@ class ShellSession:
             command=self._cmd_fd,
             snapshots=self._snap_fds,
             messages=self._msg_fd,
+            output=self._out_w,
             stderr=self._err_w,
         )
 
