@@ -9,6 +9,7 @@ through the same ``Grader`` as ``/task/submit``. Nothing here knows about HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import posixpath
@@ -31,6 +32,7 @@ from sandbox_client.protocol import (
     SessionState,
     SnapshotInfo,
     TaskResult,
+    UploadResult,
     template_key,
 )
 from task_executor.config import Settings
@@ -40,9 +42,11 @@ from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
 from . import headroom
+from .archive import check_archive
 from .capture import CapturedPatch, CaptureFailed, capture_patch
-from .files import FileBytes, read_file, write_file
+from .files import MAX_READ_BYTES, FileBytes, read_file, write_file
 from .modes import CallMode
+from .outside import SandboxFiles
 from .runner import SessionClosed as ShellClosed
 from .runner import ShellSession
 
@@ -292,10 +296,18 @@ class SessionManager:
 
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:
-            return read_file(session.workspace.path, self._tree_path(session, path), shown=path)
+            requested = self._tree_path(session, path)
+            if posixpath.isabs(requested):  # outside the tree: read in the sandbox
+                data = _files(session).read(requested, MAX_READ_BYTES)
+                return FileBytes(data=data, sha256=hashlib.sha256(data).hexdigest())
+            return read_file(session.workspace.path, requested, shown=path)
 
     def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
         with self._using(session_id) as session:
+            requested = self._tree_path(session, path)
+            if posixpath.isabs(requested):  # outside the tree: written in the sandbox
+                _files(session).write(requested, data)
+                return FileWriteResult(size=len(data), sha256=hashlib.sha256(data).hexdigest())
             # The file and the parents made for it are created owned by the uid code under test
             # runs as (when one is configured), through the same fds that made them: a chown by
             # path afterwards would follow whatever the session swapped in meanwhile.
@@ -304,10 +316,19 @@ class SessionManager:
                 owner=self.workspaces.sandbox.owner, shown=path,
             )
 
+    def upload(self, session_id: str, directory: str, data: bytes) -> UploadResult:
+        """Extract a tar archive into ``directory`` (relative to the tree, or absolute) inside
+        the sandbox, as the sandbox user; its members are checked first (see ``archive``)."""
+        checked = check_archive(data, self.settings.max_body_bytes)
+        with self._using(session_id) as session:
+            target = posixpath.join(session.workspace.visible_path, directory)
+            _files(session).extract(target, checked.tar)
+        return UploadResult(files=checked.files, bytes=checked.bytes)
+
     @staticmethod
     def _tree_path(session: Session, path: str) -> str:
         """Absolute paths are the agent's view (the fixed path): map them onto the tree as a
-        relative path. Any other absolute path stays absolute, and is refused (403)."""
+        relative path. Any other absolute path stays absolute: it is reached in the sandbox."""
         visible = session.workspace.visible_path.rstrip("/")
         if path == visible or path.startswith(visible + "/"):
             return path[len(visible):].lstrip("/") or "."
@@ -498,6 +519,10 @@ class SessionManager:
             finally:
                 session.lock.release()
         return reaped
+
+
+def _files(session: Session) -> SandboxFiles:
+    return SandboxFiles(session.workspace, session.deny_network)
 
 
 def _not_captured(job: GradingJob, failure: CaptureFailed) -> TaskResult:

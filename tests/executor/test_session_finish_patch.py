@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from task_executor.demo import DemoTask, make_demo_task
-from tests.conftest import RunningExecutor, module_executor
+from task_executor.demo import DemoTask
+from tests.conftest import RunningExecutor
+from tests.executor import session_fixtures
 from tests.executor.test_sessions_api import _exec, _start
 
-
-@pytest.fixture(scope="module")
-def shared_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecutor]:
-    with module_executor(tmp_path_factory, "finish-patch") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def task(tmp_path_factory: pytest.TempPathFactory) -> DemoTask:
-    return make_demo_task(tmp_path_factory.mktemp("finish-task") / "repo")
+# The shared fixtures, made visible to pytest in this module.
+shared_executor = session_fixtures.shared_executor
+task = session_fixtures.task
 
 
 def _finish(executor: RunningExecutor, sid: str, task: DemoTask, **extra: object) -> dict:

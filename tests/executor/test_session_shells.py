@@ -5,29 +5,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from task_executor.demo import make_demo_task
 from task_executor.sessions.manager import MAX_SHELLS
-from tests.conftest import RunningExecutor, module_executor
-from tests.executor.test_sessions_api import _exec, _start
+from tests.conftest import RunningExecutor
+from tests.executor import session_fixtures
+from tests.executor.test_sessions_api import _exec
 from tests.processes import wait_until
 
-
-@pytest.fixture(scope="module")
-def shared_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecutor]:
-    with module_executor(tmp_path_factory, "shells") as running:
-        yield running
-
-
-@pytest.fixture
-def session(shared_executor: RunningExecutor, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[str]:
-    sid = _start(shared_executor, make_demo_task(tmp_path_factory.mktemp("task") / "repo"))
-    yield sid
-    shared_executor.delete(f"/session/{sid}")
+# The shared fixtures, made visible to pytest in this module.
+session = session_fixtures.session
+shared_executor = session_fixtures.shared_executor
+task = session_fixtures.task
 
 
 def _exec_in_background(executor: RunningExecutor, sid: str, body: dict) -> tuple[

@@ -94,6 +94,16 @@ def write_file(session_id: str) -> dict:
     return _services().sessions.write(session_id, path, data).model_dump(mode="json")
 
 
+@blueprint.post("/<session_id>/upload")
+def upload(session_id: str) -> dict:
+    path = _path_argument()
+    data = request.get_data(cache=False)
+    if not data:
+        raise InvalidRequest("the body is empty; a tar archive is expected", code="empty_body")
+    with _long_call():
+        return _services().sessions.upload(session_id, path, data).model_dump(mode="json")
+
+
 @blueprint.post("/<session_id>/reset")
 def reset(session_id: str) -> dict:
     with _long_call():
