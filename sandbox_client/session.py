@@ -208,7 +208,11 @@ class RemoteSession:
         The call carries an ``Idempotency-Key`` of its own: after a lost reply it is sent again
         with it, and the executor answers the verdict it made (or still makes) for it.
         """
-        finish = parse_spec(FinishSpec, spec if spec is not None else fields)
+        if spec is not None and fields:  # a spec plus fields of this call (patch=...)
+            spec_or_fields: Any = {**spec.model_dump(exclude_unset=True), **fields}
+        else:
+            spec_or_fields = spec if spec is not None else fields
+        finish = parse_spec(FinishSpec, spec_or_fields)
         finish = self.client.config.with_task_timeout(finish)
         read = self.client.config.run_read_timeout(finish.timeout)
         body = finish.model_dump(mode="json", exclude_none=True)

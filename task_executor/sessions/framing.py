@@ -262,6 +262,9 @@ def bootstrap_script(fds: ShellFds) -> str:
     return (
         "(( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404 )) || exit "
         f"{TOO_OLD_STATUS}\n"
+        # bash's own stderr goes nowhere between commands (a command's fd 2 is set per
+        # command, see RUN_LINE); the launcher's errors before this still reach the output.
+        "exec 2>/dev/null\n"
         "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_seq=0\n"
         # SIGINT trapped (not ignored: children get the default): a job that dies of SIGINT
         # (an interrupt) ends the command's list or loop, as Ctrl-C in a terminal does, and

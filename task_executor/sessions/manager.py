@@ -165,7 +165,7 @@ class SessionManager:
             restore = (state, os.path.normpath(os.path.join(workspace.visible_path, relative_cwd)))
         return ShellSession(
             cwd=str(workspace.path),
-            env=workspace.sandbox_env(spec.env),
+            env=_session_env(workspace, spec.env),
             default_timeout=spec.command_timeout or self.settings.command_timeout,
             output_cap=self.settings.output_cap_bytes,
             launcher=workspace.launcher(deny_network),
@@ -519,6 +519,17 @@ class SessionManager:
             finally:
                 session.lock.release()
         return reaped
+
+
+def _session_env(workspace: Workspace, extra: dict[str, str]) -> dict[str, str]:
+    """The shells' environment: code under test's, with HOME at /root where the sandbox shows
+    the workspace's home there (``Sandbox.root_home``), as agent tools expect (unless the
+    spec sets HOME)."""
+    env = workspace.sandbox_env(extra)
+    home = workspace.factory.sandbox.root_home
+    if home is not None and "HOME" not in extra:
+        env["HOME"] = home
+    return env
 
 
 def _files(session: Session) -> SandboxFiles:

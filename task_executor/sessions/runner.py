@@ -548,7 +548,7 @@ class ShellSession:
                 ["bash", "--noprofile", "--norc"],
                 stdin=subprocess.PIPE,
                 stdout=self._out_w,
-                stderr=subprocess.DEVNULL,  # a command's fd 2 is set per command (framing)
+                stderr=self._out_w,  # the launcher's own errors; bash's is /dev/null (framing)
                 cwd=cwd,
                 env=self._env,
                 pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd, self._out_w,

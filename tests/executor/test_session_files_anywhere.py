@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import RunningExecutor
 from tests.executor import session_fixtures
-from tests.executor.test_sessions_api import _exec
+from tests.executor.test_sessions_api import _exec, _start
 
 # The shared fixtures, made visible to pytest in this module.
 session = session_fixtures.session
@@ -148,3 +148,22 @@ def test_bad_and_oversized_archives(shared_executor, session):
     too_big = _upload(shared_executor, session, "/tmp/up", squeezed)
     assert too_big.status_code == 413
     assert too_big.json()["error"]["code"] == "payload_too_large"
+
+
+def test_the_home_is_writable_per_session_and_never_in_the_diff(shared_executor, session, task):
+    tool = "/root/tools/bin/dockyard-home-tool"
+    ran = _exec(shared_executor, session, f"echo $HOME && mkdir -p {tool.rsplit('/', 1)[0]} && "
+                f"printf '#!/bin/sh\\necho tool ok\\n' > {tool} && chmod +x {tool} && {tool}")
+    assert ran["output"] == "/root\ntool ok\n", ran
+    assert _put(shared_executor, session, "/root/tools/conf.txt", b"c").status_code == 200
+    assert _exec(shared_executor, session, "cat ~/tools/conf.txt")["output"] == "c"
+    assert not Path(tool).exists()  # the host's /root is never the sandbox's
+    other = _start(shared_executor, task)
+    assert _exec(shared_executor, other, f"ls {tool} 2>&1; echo $?")["output"].endswith("2\n")
+    shared_executor.delete(f"/session/{other}")
+    _exec(shared_executor, session, "sed -i 's/return a - b/return a + b/' calc/__init__.py")
+    finished = shared_executor.post(f"/session/{session}/finish", json={
+        "test_patch": task.test_patch, "fail_to_pass": task.fail_to_pass,
+        "pass_to_pass": task.pass_to_pass}).json()
+    assert finished["result"]["status"] == "resolved"
+    assert "tools" not in finished["patch"] and "calc/__init__.py" in finished["patch"]
