@@ -36,7 +36,7 @@ from sandbox_client.protocol import (
     template_key,
 )
 from task_executor.config import Settings
-from task_executor.errors import Conflict, NotFound, OverCapacity
+from task_executor.errors import Conflict, NotFound, OverCapacity, Unavailable
 from task_executor.grading.grader import Grader, GradingJob
 from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
@@ -48,7 +48,7 @@ from .files import MAX_READ_BYTES, FileBytes, read_file, write_file
 from .modes import CallMode
 from .outside import SandboxFiles
 from .runner import SessionClosed as ShellClosed
-from .runner import ShellSession
+from .runner import ShellSession, ShellStartError
 
 MAX_SHELLS = 16
 """Shells one session may hold ("default" included)."""
@@ -273,7 +273,13 @@ class SessionManager:
         if len(session.named) + 1 >= MAX_SHELLS:
             raise Conflict(f"the session has {MAX_SHELLS} shells; close one first",
                            code="too_many_shells")
-        shell = self._shell(session.spec, session.workspace, session.deny_network)
+        try:
+            shell = self._shell(session.spec, session.workspace, session.deny_network)
+        except ShellStartError as exc:
+            # The workspace's limits, full of what its code left, can see to this: the session
+            # and its other shells go on; retry, or close a shell.
+            raise Unavailable(f"shell {name!r} could not be started: {exc}", retry_after=5,
+                              code="shell_start_failed") from None
         session.named[name] = shell
         return shell
 
