@@ -52,8 +52,6 @@ _IDEMPOTENCY_PARAMETER = {
 }
 _RAW_BODY = {"content": {"application/octet-stream": {"schema": {"type": "string",
                                                                   "format": "binary"}}}}
-_TAR_BODY = {"content": {"application/x-tar": {"schema": {"type": "string",
-                                                           "format": "binary"}}}}
 
 
 def _body(ref: str) -> dict[str, Any]:
@@ -101,8 +99,8 @@ def openapi_document() -> dict[str, Any]:
             operation["parameters"].append(_parameter("name", "path"))
         if path.endswith(("/file", "/upload")):
             operation["parameters"].append(_parameter("path", "query"))
-            body = _RAW_BODY if path.endswith("/file") else _TAR_BODY
-            operation["requestBody"] = {"required": True, **body}
+            # An upload's tar is raw bytes too (any Content-Type is taken; x-tar by custom).
+            operation["requestBody"] = {"required": True, **_RAW_BODY}
         if path != "/health":
             operation["security"] = [{"bearer": []}]
             for status in ("400", "401", "403", "404", "409", "413", "422", "429"):
