@@ -98,7 +98,9 @@ class SandboxFiles:
                                   "from)", args[0])
         proc = workspace.launcher(self.deny_network).popen(
             ["bash", "--noprofile", "--norc", "-c", script, "dockyard-file", *args],
-            cwd=str(workspace.path), env=workspace.sandbox_env({}),
+            # The host's tools, from directories no layer of the workspace can write (a `cat`
+            # the agent put first on its PATH would only lie to its own client, but still).
+            cwd=str(workspace.path), env={**workspace.sandbox_env({}), "PATH": "/usr/bin:/bin"},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )

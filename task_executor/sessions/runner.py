@@ -14,6 +14,13 @@ the Sandman checklist (DESIGN.md, "Command runner"):
 * **Strict status frame** on a pipe of its own that the command cannot see; the command's text
   and the control line that runs it are described in :mod:`task_executor.framing`.
 
+Per call (:mod:`task_executor.sessions.modes`): a command may run in a subshell of the shell
+(stateless, with a cwd and env of its own), and its stderr may go to a pipe of its own, drained
+and capped like the output. :meth:`ShellSession.interrupt` (from another thread) stops the
+running command: SIGINT to the process groups it started, SIGKILL after a grace; the shell traps
+SIGINT, so it survives and the command's list or loop ends, as after Ctrl-C in a terminal (a
+loop in the shell itself, with no process to signal, is ended by recovering the shell).
+
 When the shell cannot be trusted any more (timeout, the shell exited or was killed, a bad frame,
 a failed liveness check) it is *recovered*: the shell is killed, so is every process started
 since the command began (SIGTERM, a short grace, SIGKILL until none is left; found by marker,

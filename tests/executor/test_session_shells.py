@@ -137,3 +137,15 @@ def test_closing_the_session_ends_every_shell(shared_executor, session):
     wait_until(lambda: _running(marker), timeout=30)
     assert shared_executor.delete(f"/session/{session}").status_code == 200
     wait_until(lambda: not _running(marker), timeout=30)
+
+
+def test_interrupt_names_its_shell(shared_executor, session):
+    _exec(shared_executor, session, "export IN_DEFAULT=1")
+    marker = "sleep 1000555"
+    thread, answers = _exec_in_background(
+        shared_executor, session, {"command": marker, "shell": "worker"})
+    assert _interrupt_when_running(shared_executor, session, marker, shell="worker") == {
+        "interrupted": True}
+    thread.join(30)
+    assert answers[0]["interrupted"] is True and answers[0]["exit_code"] == 130
+    assert _exec(shared_executor, session, "echo $IN_DEFAULT")["output"] == "1\n"
