@@ -7,8 +7,9 @@ object whose frame actually ran, whether the runner called it directly and, if n
 it returned rather than raised. Here, outside the sandbox:
 
 - a file the reporter found changed (not the bytes the executor wrote) is tampering;
-- a test whose call ran code that is not its file's (a swapped ``__code__``), or whose code
-  was called by something else and raised (a wrapper swallowed the failure), was tampered with;
+- a test whose call ran code that is not its file's (a swapped ``__code__``) was tampered
+  with, and so was one that passed though its code was never entered, or was entered by
+  something else (a wrapper) and raised: the wrapper swallowed the failure;
 - a required test that passed, defined in a checked file, whose call left no record at all
   (its item's ``obj`` or ``runtest`` pointed elsewhere, the method replaced by a no-op of
   another name) was tampered with.
@@ -35,7 +36,9 @@ def code_problem(report: ReportedTests, required: list[str], parser: str) -> str
         if record.get("event") != "ran":
             continue
         ran.setdefault(str(record.get("id")), []).append(record)
-        if (found := _wrong(record, tables)) is not None:
+        passed = report.states.get(str(record.get("id"))) == "PASSED" and str(
+            record.get("id")) not in report.xfailed
+        if (found := _wrong(record, tables, passed)) is not None:
             return found
     for name in required:
         key = name if name in report.states else report.aliases.get(name)
@@ -54,16 +57,18 @@ def _tables(raw: object) -> dict[str, dict[str, set[str]]]:
             for path, table in raw.items() if isinstance(table, dict)}
 
 
-def _wrong(record: dict, tables: dict[str, dict[str, set[str]]]) -> str | None:
+def _wrong(record: dict, tables: dict[str, dict[str, set[str]]], passed: bool) -> str | None:
+    """What is wrong with one test's record; ``passed``: the test was reported passed (not
+    as an expected failure), so its code must have been entered and must have returned."""
     test_id = record.get("id")
     allowed = tables.get(str(record.get("file")), {}).get(str(record.get("qualname")))
     if allowed is None:
         return None  # a window the reporter opened for a test no file defines: nothing to hold
     if record.get("hash") is None:
-        return f"test {test_id} was called, but not its code"
+        return f"test {test_id} was called, but not its code" if passed else None
     if record.get("hash") not in allowed:
         return f"test {test_id} ran code its file does not define"
-    if record.get("direct") is not True and record.get("returned") is not True:
+    if passed and record.get("direct") is not True and record.get("returned") is not True:
         return f"test {test_id} raised inside something that reported it passed"
     return None
 
