@@ -434,9 +434,9 @@ def test_redteam_attack_is_tampered(shared_executor: RunningExecutor, task: Demo
     assert CAUGHT_BY.get(attack, "") in result["error"], result["error"]
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (README): equality that lies only inside the "
-                   "FAIL_TO_PASS tests' frames, by their exact names, changes no code and "
-                   "leaves every canary honest")
+@pytest.mark.xfail(strict=True, reason="known gap (README): knowing the FAIL_TO_PASS tests' "
+                   "names, equality that lies only in their frames, or parameters that lie, "
+                   "change no code and leave every canary (other names) honest")
 @pytest.mark.parametrize("attack", list(STILL_WORKING))
 def test_redteam_attack_still_working(shared_executor: RunningExecutor,  # noqa: F811
                                       params_task: DemoTask, attack: str) -> None:

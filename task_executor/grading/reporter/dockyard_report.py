@@ -355,13 +355,13 @@ def _wrap_test_method_calls(open_window, close_window, current):
             continue
 
         def wrapped(self, method, _original=original, _direct=original.__code__):
-            if current:
-                path, qualname = node_key(current[0])
-                token = open_window(current[0], [path], qualname, _direct)
-            else:
-                kind = type(self)
-                token = open_window(self.id(), suffixes_of(kind.__module__),
-                                    f"{kind.__qualname__}.{self._testMethodName}", _direct)
+            kind = type(self)
+            qualname = f"{kind.__qualname__}.{self._testMethodName}"
+            token = None
+            if not current:
+                token = open_window(self.id(), suffixes_of(kind.__module__), qualname, _direct)
+            elif node_key(current[0])[1] == qualname:  # not a TestCase run inside a test
+                token = open_window(current[0], [node_key(current[0])[0]], qualname, _direct)
             try:
                 return _original(self, method)
             finally:
