@@ -44,7 +44,8 @@ class ReportedTests:
     """The code record (``reporter/dockyard_code.py``): what each test file defines, and
     what each test's call ran; judged by ``code_check``."""
     called: set[str] = field(default_factory=set)
-    """Tests whose function was called (a pytest call phase; a unittest pass or xfail)."""
+    """Tests whose function was called in the reporting process (a pytest call phase, not a
+    pytest-xdist worker's; a unittest pass or xfail)."""
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -129,7 +130,7 @@ def parse_report(data: bytes) -> ReportedTests:
                 # failed was written by something else (into the reporter's own file).
                 run.tampered.append(f"two outcomes for one test phase: {test_id}")
             by_phase[str(record.get("when"))] = record
-            if record.get("when") == "call":
+            if record.get("when") == "call" and not record.get("remote"):
                 run.called.add(test_id)
             run.failures_in_session += record.get("outcome") == "failed"
         elif kind == "collect":

@@ -92,6 +92,8 @@ def pytest_runtest_logreport(report):
         outcome=report.outcome,
         wasxfail=hasattr(report, "wasxfail"),
         xfail_marked=bool(getattr(report, "dockyard_xfail_marked", False)),
+        # Run by a pytest-xdist worker (which loads no reporter): no code record to expect.
+        remote=getattr(report, "node", None) is not None,
     )
     if report.when == "call" or report.outcome != "passed":
         _guard.verify()  # where outcomes are decided (each test's call), and every failure
