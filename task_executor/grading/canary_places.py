@@ -77,7 +77,8 @@ def place(source: str, owner: str, blocks: list[Block], targets: list[str], clon
     lines = source.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    indent = " " * body[0].col_offset
+    # The scope's own indentation (tabs stay tabs), taken from its first statement's line.
+    indent = lines[body[0].lineno - 1][: body[0].col_offset] if owner else ""
     defs = [stmt for stmt in body
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     boundaries = sorted({_start(d) - 1 for d in defs} | {d.end_lineno or d.lineno for d in defs})
@@ -109,6 +110,10 @@ def place(source: str, owner: str, blocks: list[Block], targets: list[str], clon
     for at, text in sorted(inserts, key=lambda item: item[0], reverse=True):
         lines.insert(at, text)
     placed.text = "".join(lines)
+    try:  # a file that no longer parses would fail every test in it: append instead
+        ast.parse(placed.text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
     return placed
 
 

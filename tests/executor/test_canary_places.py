@@ -163,3 +163,14 @@ def test_a_decoy_never_equals_the_expected_value(value: object) -> None:
     for _ in range(20):
         decoy = canary_places._decoy(value, [value, 7, "other", 1.0, b"x"])
         assert decoy != value and (value is None or type(decoy) is type(value)), decoy
+
+
+def test_a_class_indented_with_tabs_gets_canaries_indented_with_tabs(tmp_path: Path) -> None:
+    source = ("import unittest\n\nfrom calc import add\n\n\n"
+              "class CalcTests(unittest.TestCase):\n"
+              "\tdef test_add(self):\n\t\tself.assertEqual(add(2, 3), 5)\n\n"
+              "\tdef test_mul(self):\n\t\tself.assertEqual(2 * 2, 4)\n")
+    plan = _plan("tests/test_u.py", ["tests.test_u.CalcTests.test_add"], parser="unittest")
+    placed = plan.place("tests/test_u.py", source)
+    compile(placed, "test_u.py", "exec")
+    assert all(f"\tdef {c.name}(self):" in placed for c in plan.canaries)
