@@ -117,9 +117,9 @@ class Plan:
         placed = None
         if scope is not None:
             self.taken.update(re.findall(r"\bdef\s+(\w+)", source))
-            blocks = [canary_places.Block(c.name, _code(c)) for c in mine]
             placed = canary_places.place(
-                source, scope.owner, blocks, list(scope.targets), CLONES_PER_FILE,
+                source, scope.owner, [_code(c) for c in mine], list(scope.targets),
+                CLONES_PER_FILE,
                 lambda: _fresh_name(scope.prefix, list(scope.vocabulary), self.taken))
         if placed is None:
             return source + "".join(_source(c) for c in mine)

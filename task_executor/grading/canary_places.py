@@ -36,14 +36,6 @@ EQUAL_ASSERTS = ("assertEqual", "assertEquals")
 _SKIPPING = re.compile(r"xfail|skip", re.I)
 
 
-@dataclass(frozen=True)
-class Block:
-    """A generic canary to place: its name and its code at column 0 (``indent`` adds more)."""
-
-    name: str
-    code: str
-
-
 @dataclass
 class Placed:
     """A test file with its canaries in place."""
@@ -60,11 +52,12 @@ class _Def:
     """First line (decorators included), 1-based."""
 
 
-def place(source: str, owner: str, blocks: list[Block], targets: list[str], clones: int,
+def place(source: str, owner: str, blocks: list[str], targets: list[str], clones: int,
           fresh_name: Callable[[], str]) -> Placed | None:
-    """``source`` with ``blocks`` at random boundaries of the scope ``owner`` (dotted class
-    path, "" for the module) and up to ``clones`` clones of the functions ``targets`` there;
-    None when the file or the scope cannot be read (the caller appends instead)."""
+    """``source`` with ``blocks`` (generic canaries' code at column 0) at random boundaries of
+    the scope ``owner`` (dotted class path, "" for the module) and up to ``clones`` clones of
+    the functions ``targets`` there; None when the file or the scope cannot be read (the
+    caller appends instead)."""
     if len(source.encode("utf-8", "surrogateescape")) > MAX_SOURCE_BYTES:
         return None
     try:
@@ -88,7 +81,7 @@ def place(source: str, owner: str, blocks: list[Block], targets: list[str], clon
     gap = "\n" if owner else "\n\n"
     for block in blocks:
         code = "".join(indent + line if line.strip() else line
-                       for line in block.code.splitlines(keepends=True))
+                       for line in block.splitlines(keepends=True))
         inserts.append((secrets.choice(boundaries), gap + code + gap))
     placed = Placed(text="")
     pool = _literals(tree)
