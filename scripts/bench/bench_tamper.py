@@ -40,7 +40,8 @@ def run(reporter: Path, directory: Path) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(reporter), "PYTEST_PLUGINS": "dockyard_report",
            "DOCKYARD_REPORT_MODE": "pytest", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "DOCKYARD_REPORT_FILE": str(directory / "report.jsonl"),
-           "DOCKYARD_CODE_FILES": json.dumps({"test_many.py": digest})}
+           "DOCKYARD_CODE_FILES": json.dumps({"root": str(directory),
+                                              "files": {"test_many.py": digest}})}
     started, cpu = time.perf_counter(), _children_cpu()
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "test_many.py"], cwd=directory, env=env, check=True,

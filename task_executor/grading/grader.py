@@ -454,8 +454,9 @@ class Grader:
             test_env["DOCKYARD_REPORT_MODE"] = "pytest"
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
-        if code_files:
-            test_env[CODE_FILES_VARIABLE] = json.dumps(code_files)
+        if code_files:  # relative to the tree as the tests see it (a command may cd elsewhere)
+            test_env[CODE_FILES_VARIABLE] = json.dumps({"root": workspace.visible_path,
+                                                        "files": code_files})
         head, tail, _ = self._log_limits(job)
         outcome = run_command(
             command,

@@ -150,3 +150,26 @@ def test_the_judge_leaves_tests_no_checked_file_defines_alone() -> None:
     other = [line.replace("test_a.py::test_a", "test_a.py::test_imported") for line in PASSED_A]
     report = parse_report(_report(EXPECTED, *other))
     assert code_problem(report, ["t/test_a.py::test_imported"], "pytest") is None
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoTask:
+    return make_demo_task(tmp_path_factory.mktemp("demo") / "repo")
+
+
+def test_the_code_record_holds_where_canaries_cannot_go(shared_executor: RunningExecutor,
+                                                        demo: DemoTask) -> None:
+    """A command in shell syntax, run from another directory, takes no canaries; the code
+    record still reads the test files (from the tree's root, not the command's directory) and
+    sees the FAIL_TO_PASS tests' code swapped. The gold patch resolves under it."""
+    from tests.executor.test_tampering_redteam import SWAP_KNOWN_CODE, _appended
+
+    command = "cd tests && python -m pytest -p no:cacheprovider --rootdir=.. test_calc.py"
+    body = {**demo.request("cd-swap", _appended(demo, SWAP_KNOWN_CODE)), "test_command": command}
+    result = shared_executor.submit(body).json()
+    assert result["canaries"] == 0 and "shell syntax" in result["canaries_skipped"]
+    assert (result["status"], result["error_code"]) == ("unresolved", "tampered"), (
+        result["error"], result["log"][-2000:])
+    assert "ran code its file does not define" in result["error"]
+    gold = shared_executor.submit({**body, "task_id": "cd-gold", "patch": demo.gold_patch}).json()
+    assert (gold["status"], gold["error_code"]) == ("resolved", None), gold["error"]

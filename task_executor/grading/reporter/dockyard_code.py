@@ -4,16 +4,17 @@ Loaded with dockyard_report into the interpreter that runs the tests (no Dockyar
 Pythons welcome). Code the tests import can leave the runner alone and change the tests
 instead: swap a test function's ``__code__`` for a no-op, point a pytest item's ``obj`` or
 ``runtest`` elsewhere, replace a method of a TestCase class. The executor names the files the
-test patch wrote and their SHA-256 (``DOCKYARD_CODE_FILES``); ``expect`` reads and compiles them
-as the loader will (plain, and assertion-rewritten as pytest does), when the reporter loads, before
-conftest files, collection or any code of the agent's has run, and records a digest of every
-function and method the files define. ``watcher`` then opens a window around each test's call
-(the last moment before it: the innermost hook wrapper of ``pytest_pyfunc_call``, or unittest's
-``_callTestMethod``) with a profile hook that catches the frame of the test function as it
-starts: the digest of the code that actually runs, whether pytest (or unittest) called it
-directly, and, when something else did (a decorator), whether that frame returned rather than
-raised. The reporter writes both, and the executor, outside the sandbox, judges them
-(``task_executor.grading.code_check``): a required test that passed must have run its file's code.
+test patch wrote, their SHA-256 and the tree they are in (``DOCKYARD_CODE_FILES``); ``expect``
+reads and compiles them as the loader will (plain, and assertion-rewritten as pytest does),
+when the reporter loads, before conftest files, collection or any code of the agent's has run,
+and records a digest of every function and method the files define. ``watcher`` then opens a
+window around each test's call (the last moment before it: the innermost hook wrapper of
+``pytest_pyfunc_call``, or unittest's ``_callTestMethod``) with a profile hook that catches the
+frame of the test function as it starts: the digest of the code that actually runs, whether
+pytest (or unittest) called it directly, and, when something else did (a decorator), whether
+that frame returned rather than raised. The reporter writes both, and the executor, outside
+the sandbox, judges them (``task_executor.grading.code_check``): a required test that passed
+must have run its file's code.
 
 Everything the check calls is held in closures taken at load (``compile``, ``hashlib``,
 ``repr``...), so patching those modules or builtins later changes nothing it computes.

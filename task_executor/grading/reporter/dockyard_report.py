@@ -312,12 +312,16 @@ class _Guard:
         around each test's call (pytest's ``pytest_pyfunc_call``; unittest's
         ``_callTestMethod``, wrapped here, before the integrity record is taken)."""
         try:
-            files = json.loads(_CODE_FILES) if _CODE_FILES else {}
+            named = json.loads(_CODE_FILES) if _CODE_FILES else {}
         except ValueError:
-            files = {}
+            named = {}
+        files = named.get("files") if isinstance(named, dict) else None
         if not isinstance(files, dict) or not files:
             return
-        expected, status = dockyard_code.expect(files, os.getcwd())
+        root = named.get("root")
+        if not isinstance(root, str) or not os.path.isdir(root):
+            root = os.getcwd()
+        expected, status = dockyard_code.expect(files, root)
         write(kind="code", event="expected", files=status,
               functions={rel: {q: sorted(h) for q, h in table.items()}
                          for rel, table in expected.values()})
