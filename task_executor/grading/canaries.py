@@ -8,6 +8,11 @@ grading, some written to fail and some to pass. A forger that cannot tell them f
 tests flips the failing canaries too, or drops them; a run whose canaries do not come out as
 planted was tampered with (``check``). Their names never reach the result (``scrub``).
 
+Where they go (``Plan.place``, ``canary_places``): at random test boundaries of the
+FAIL_TO_PASS tests' scope, with clones of those tests (under fresh names, calling the package as
+they do) among them, made to fail: a package whose results equal anything passes the clones.
+The executor places them once the test patch is applied (``planting``).
+
 What the plan needs from the test command: that it runs them. The default command runs whole
 test files; a simple pytest, unittest or Django command naming test ids gets the canaries' ids
 appended; anything else (shell pipelines, selection options, discovery) gets no canaries, and the
@@ -22,11 +27,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from . import canary_log
+from . import canary_log, canary_places
 
 MAX_FILES = 2
 """Files that get canaries (each gets ``FAILING + PASSING``): a few functions, microseconds."""
 FAILING, PASSING = 2, 1
+CLONES_PER_FILE = 2
+"""Clones of FAIL_TO_PASS tests per file (each runs that test's body up to its comparison)."""
 
 # Common words of test names, mixed with the neighbours' own so that a name is not guessable from
 # the file alone.
@@ -64,6 +71,18 @@ class Canary:
     """How the test command names it: a pytest node id, or a unittest/Django label."""
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """Where a file's canaries go: the FAIL_TO_PASS tests' class (or module) and names."""
+
+    owner: str
+    targets: tuple[str, ...]
+    prefix: str
+    vocabulary: tuple[str, ...]
+    unittest_style: bool
+    module: str
+
+
 @dataclass
 class Plan:
     """The canaries of one grading and the test command that runs them (or why there are none)."""
@@ -72,26 +91,51 @@ class Plan:
     canaries: list[Canary] = field(default_factory=list)
     skipped: str | None = None
     planted: bool = False
-    """Whether the canaries are in the tree (set once the patch step has put them there)."""
+    """Whether the canaries are in the tree (set once ``planting`` has put them there)."""
     clean: bool = False
     """Whether they came out as planted (set once the run was checked)."""
+    scopes: dict[str, _Scope] = field(default_factory=dict)
+    extension: _Extension | None = None
+    taken: set[str] = field(default_factory=set)
+    required: list[str] = field(default_factory=list)
+    """The task's FAIL_TO_PASS and PASS_TO_PASS tests (``code_check`` holds them)."""
+    code_files: dict[str, str] = field(default_factory=dict)
+    """The test files whose code the reporter checks, with their SHA-256 (``planting``)."""
+    reported: tuple[int, int] = (0, 0)
+    """(failed, passed) canary tests the run reported (a parametrised clone is several)."""
 
-    def sources(self) -> dict[str, str]:
-        """The text appended to each planted file."""
-        texts: dict[str, str] = {}
-        for canary in self.canaries:
-            texts[canary.path] = texts.get(canary.path, "") + _source(canary)
-        return texts
+    def paths(self) -> list[str]:
+        """The files that get canaries."""
+        return sorted({c.path for c in self.canaries} | set(self.scopes))
+
+    def place(self, path: str, source: str) -> str:
+        """``source`` (the file as the test patch left it) with its canaries: placed among the
+        tests with clones of the FAIL_TO_PASS tests (which join ``canaries``), or, when the
+        file cannot be read so, appended (no clones)."""
+        mine = [c for c in self.canaries if c.path == path]
+        scope = self.scopes.get(path)
+        placed = None
+        if scope is not None:
+            self.taken.update(re.findall(r"\bdef\s+(\w+)", source))
+            placed = canary_places.place(
+                source, scope.owner, [_code(c) for c in mine], list(scope.targets),
+                CLONES_PER_FILE,
+                lambda: _fresh_name(scope.prefix, list(scope.vocabulary), self.taken))
+        if placed is None:
+            return source + "".join(_source(c) for c in mine)
+        for name in placed.clones:
+            self.canaries.append(Canary(path=path, owner=scope.owner, name=name, fails=True,
+                                        label=_label(path, scope, name)))
+        if self.extension is not None:
+            self.command = self.extension.extend(self.canaries)
+        return placed.text
 
     def scrub(self, text: str | None) -> str | None:
         """``text`` as the agent may see it: nothing that names a canary (``canary_log``), and,
         once the canaries came out as planted (``clean``), summary counts without them."""
         if not text or not self.canaries:
             return text
-        counts = None
-        if self.clean:
-            failing = sum(c.fails for c in self.canaries)
-            counts = (failing, len(self.canaries) - failing)
+        counts = self.reported if self.clean else None
         return canary_log.scrub(text, [c.name for c in self.canaries], counts)
 
     def mask(self, text: str | None) -> str | None:
@@ -110,7 +154,7 @@ def _names(test_id: str, name: str) -> bool:
     return bare.endswith((f"::{name}", f".{name}")) or bare == name
 
 
-def _source(canary: Canary) -> str:
+def _code(canary: Canary) -> str:
     """The canary's code: a comparison that fails or holds, written as the task's tests are,
     without ``assert`` (``python -O`` would strip it and pass every failing canary)."""
     items = [secrets.randbelow(90) + 10 for _ in range(3)]
@@ -122,7 +166,12 @@ def _source(canary: Canary) -> str:
         f"    if sorted(items)[0] != {expected}:",
         f"        raise AssertionError(\"unexpected {canary.name.split('_')[-1]}\")",
     ]
-    text = "\n\n\n" + "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def _source(canary: Canary) -> str:
+    """The canary appended at the end of its file (when the file cannot be parsed)."""
+    text = "\n\n\n" + _code(canary)
     if canary.owner:
         # A method of the class the FAIL_TO_PASS tests are methods of, set after its definition.
         text += (f"\n\n{canary.owner}.{canary.name} = {canary.name}\n"
@@ -169,6 +218,11 @@ def _unittest_anchor(test_id: str) -> _Anchor | None:
                    module=module)
 
 
+def anchor_of(test_id: str, parser: str) -> _Anchor | None:
+    """Where the test ``test_id`` lives (file, class path, name), as ids of ``parser`` say."""
+    return (_pytest_anchor if parser == "pytest" else _unittest_anchor)(test_id)
+
+
 def _planted_path(anchor: _Anchor, test_files: list[str]) -> str | None:
     """The test patch's file the anchor's id names (ids may be relative to a subdirectory)."""
     for path in test_files:
@@ -196,39 +250,48 @@ def plan(test_files: list[str], fail_to_pass: list[str], pass_to_pass: list[str]
          command: str, parser: str, default_command: bool) -> Plan:
     """The canaries of one grading: beside the FAIL_TO_PASS tests in the test patch's files."""
     unittest_style = parser != "pytest"
-    anchor_of = _unittest_anchor if unittest_style else _pytest_anchor
     anchors: dict[str, _Anchor] = {}
     for test_id in fail_to_pass:
-        anchor = anchor_of(test_id)
+        anchor = anchor_of(test_id, parser)
         if anchor is None or (unittest_style and not anchor.owner):
             continue
         path = _planted_path(anchor, test_files)
         if path is not None and path not in anchors and len(anchors) < MAX_FILES:
             anchors[path] = anchor
+    required = [*fail_to_pass, *pass_to_pass]
     if not anchors:
         return Plan(command, skipped="no FAIL_TO_PASS test is a Python test in a file the "
-                    "test patch writes")
+                    "test patch writes", required=required)
     extended = _command_for(command, parser, default_command)
     if isinstance(extended, _Refusal):
-        return Plan(command, skipped=extended.reason)
+        return Plan(command, skipped=extended.reason, required=required)
     names = [t.split("::")[-1] if "::" in t else t for t in [*fail_to_pass, *pass_to_pass]]
     taken = {n.split("[", 1)[0].split(" ", 1)[0].rsplit(".", 1)[-1] for n in names}
-    canaries: list[Canary] = []
+    result = Plan(command, taken=taken, extension=extended, required=required)
     for path, anchor in anchors.items():
         prefix = anchor.name.split("_", 1)[0] if "_" in anchor.name else "test"
         vocabulary = _words(names, prefix)
+        # The FAIL_TO_PASS tests of this file in the anchor's scope: the ones to clone.
+        targets = [a.name for a in (anchor_of(t, parser) for t in fail_to_pass) if a is not None
+                   and a.owner == anchor.owner and _planted_path(a, [path]) == path]
+        scope = _Scope(anchor.owner, tuple(dict.fromkeys(targets)), prefix, tuple(vocabulary),
+                       unittest_style, anchor.module)
+        result.scopes[path] = scope
         kinds = [True] * FAILING + [False] * PASSING
         for fails in sorted(kinds, key=lambda _: secrets.randbits(8)):
             name = _fresh_name(prefix, vocabulary, taken)
-            if unittest_style:
-                label = f"{anchor.module}.{anchor.owner}.{name}"
-            else:
-                owners = anchor.owner.split(".") if anchor.owner else []
-                label = "::".join([path, *owners, name])
-            canaries.append(Canary(path=path, owner=anchor.owner, name=name, fails=fails,
-                                   label=label))
-    command = extended.extend(canaries)
-    return Plan(command, canaries)
+            result.canaries.append(Canary(path=path, owner=anchor.owner, name=name, fails=fails,
+                                          label=_label(path, scope, name)))
+    result.command = extended.extend(result.canaries)
+    return result
+
+
+def _label(path: str, scope: _Scope, name: str) -> str:
+    """How the test command names a canary: a unittest/Django label or a pytest node id."""
+    if scope.unittest_style:
+        return f"{scope.module}.{scope.owner}.{name}"
+    owners = scope.owner.split(".") if scope.owner else []
+    return "::".join([path, *owners, name])
 
 
 @dataclass(frozen=True)
@@ -313,6 +376,7 @@ def check(plan_: Plan, states: dict[str, str]) -> str | None:
     """Why the run's canaries did not come out as planted (tampering), or None if they did.
 
     The message says which canary by its place, not its name (the result reaches the agent)."""
+    failed = passed = 0
     for index, canary in enumerate(plan_.canaries):
         seen = [state for test_id, state in states.items() if _names(test_id, canary.name)]
         where = f"canary {index + 1} in {canary.path}" + (
@@ -324,4 +388,7 @@ def check(plan_: Plan, states: dict[str, str]) -> str | None:
         if wrong:
             return (f"{where}, planted to {'fail' if canary.fails else 'pass'}, was reported "
                     f"{wrong[0]}")
+        failed += sum(s == "FAILED" for s in seen)
+        passed += sum(s == "PASSED" for s in seen)
+    plan_.reported = (failed, passed)
     return None

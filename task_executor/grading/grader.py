@@ -7,6 +7,7 @@ gets the same verdict either way. Nothing here knows about HTTP.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shlex
@@ -31,7 +32,7 @@ from task_executor.errors import InvalidRequest, RepoError
 from task_executor.sandbox.command import run_command
 from task_executor.workspaces.workspace import SetupFailed, Workspace, WorkspaceFactory
 
-from . import canaries, swebench_rules
+from . import canaries, planting, swebench_rules
 from .conditions import ConditionProbe, ConditionsMismatch, check
 from .consistency import RunEvidence, attribute, problems
 from .control import ControlCache, control_key
@@ -53,6 +54,8 @@ REPORTER_DIR = Path(__file__).resolve().parent / "reporter"
 OWNER_VARIABLE = "DOCKYARD_EXECUTOR"
 REPORTER_VARIABLE = "DOCKYARD_REPORTER_DIR"
 """Where code under test finds the reporter plugin (a read-only mount in the sandbox)."""
+CODE_FILES_VARIABLE = "DOCKYARD_CODE_FILES"
+"""The test files (and their SHA-256) whose code the reporter checks (``code_check``)."""
 
 
 @dataclass
@@ -97,10 +100,15 @@ class _Verdict(Exception):
         self.code = code
 
 
+def test_patch_files(spec: GradingSpec) -> list[str]:
+    """The Python files the test patch leaves in place."""
+    _, sections = split_patch(spec.test_patch)
+    return sorted({s.new_path for s in sections if s.new_path and s.new_path.endswith(".py")})
+
+
 def default_test_command(spec: GradingSpec) -> str:
     """pytest over the Python files the test patch leaves in place (else the named test files)."""
-    _, sections = split_patch(spec.test_patch)
-    files = sorted({s.new_path for s in sections if s.new_path and s.new_path.endswith(".py")})
+    files = test_patch_files(spec)
     if not files:
         named = [test.split("::", 1)[0] for test in [*spec.fail_to_pass, *spec.pass_to_pass]]
         files = sorted({name for name in named if name.endswith(".py")})
@@ -112,10 +120,9 @@ def canary_plan(spec: GradingSpec) -> canaries.Plan:
     command = spec.test_command or default_test_command(spec)
     if spec.rules == "swebench":
         # The harness's rules read the exit status, which failing canaries would set.
-        return canaries.Plan(command, skipped="rules: swebench (the harness's own verdict)")
-    _, sections = split_patch(spec.test_patch)
-    files = sorted({s.new_path for s in sections if s.new_path and s.new_path.endswith(".py")})
-    return canaries.plan(files, spec.fail_to_pass, spec.pass_to_pass, command,
+        return canaries.Plan(command, skipped="rules: swebench (the harness's own verdict)",
+                             required=[*spec.fail_to_pass, *spec.pass_to_pass])
+    return canaries.plan(test_patch_files(spec), spec.fail_to_pass, spec.pass_to_pass, command,
                          log_parser_for(spec, command), default_command=not spec.test_command)
 
 
@@ -304,8 +311,7 @@ class Grader:
         mark = time.monotonic()
         step_timeout = min(PATCH_STEP_TIMEOUT_S, max(1.0, deadline - mark))
         try:
-            agent = apply_patches(workspace, job.patch, job.spec.test_patch, step_timeout,
-                                  plant=None if plan.skipped else plan.sources())
+            agent = apply_patches(workspace, job.patch, job.spec.test_patch, step_timeout)
         except AgentPatchFailed as exc:
             log_parts.append(f"[agent patch failed to apply]\n{exc}\n")
             raise _Verdict("patch_apply_failed", "patch_apply_failed", str(exc)) from exc
@@ -315,9 +321,12 @@ class Grader:
             raise _Verdict("execution_error", "sandbox_failed", str(exc)) from exc
         result.patch_applied = agent.applied
         result.excluded_files = agent.excluded_files
-        plan.planted = plan.skipped is None and agent.planted
+        # Canaries and the code check read the test files now: the test patch's bytes, before
+        # any code of the agent's has run.
+        plan.planted = plan.skipped is None and planting.plant(workspace, plan)
         if plan.skipped is None and not plan.planted:
             plan.skipped = "the test patch's files could not take the canaries"
+        plan.code_files = planting.digests(workspace, test_patch_files(job.spec))
         # git and patch ran with the workspace's credentials: what they wrote is its already.
         phases.apply = time.monotonic() - mark
 
@@ -326,7 +335,7 @@ class Grader:
         mark = time.monotonic()
         # The command that also runs the canaries; the control (none planted) runs ``command``.
         run = self._run_tests(job, plan.command if plan.planted else command, parser,
-                              workspace, deadline, log_parts, deny_network)
+                              workspace, deadline, log_parts, deny_network, plan.code_files)
         phases.tests = time.monotonic() - mark
         if job.spec.rules == "swebench":
             return _judge_swebench(job, run, result, plan)  # the harness's rules, no control
@@ -427,6 +436,7 @@ class Grader:
         deadline: float,
         log_parts: list[str],
         deny_network: bool,
+        code_files: dict[str, str] | None = None,
     ) -> RunEvidence:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -444,6 +454,9 @@ class Grader:
             test_env["DOCKYARD_REPORT_MODE"] = "pytest"
         else:
             test_env["DOCKYARD_REPORT_MODE"] = "unittest"
+        if code_files:  # relative to the tree as the tests see it (a command may cd elsewhere)
+            test_env[CODE_FILES_VARIABLE] = json.dumps({"root": workspace.visible_path,
+                                                        "files": code_files})
         head, tail, _ = self._log_limits(job)
         outcome = run_command(
             command,

@@ -60,8 +60,6 @@ PATCH_STEP_TIMEOUT_S = 300.0
 class AgentPatchOutcome:
     applied: bool
     excluded_files: list[str] = field(default_factory=list)
-    planted: bool = False
-    """Whether the canaries asked for were appended to their files (``canaries``)."""
 
 
 # After the agent patch: every path the test patch touches goes (with any parent directory the
@@ -94,30 +92,13 @@ done
 # patch; before it, on the agent's).
 _AGENT_FAILED, _RESET_FAILED, _TEST_FAILED = 11, 14, 15
 _AGENT_APPLIED = "agent-applied"
-_PLANTED = "planted"
-
-# Canaries go in after the test patch, into files it has just written (regular files again,
-# whatever the agent left there). A file that is not there, or not a regular file, gets none
-# and the step goes on: the grading records that it has no canaries.
-_PLANT = r"""
-mapfile -d "" -t planted < "$DY_SCRATCH/plant-paths"
-for i in "${!planted[@]}"; do
-    [ -f "${planted[$i]}" ] && [ ! -L "${planted[$i]}" ] || exit 0
-done
-for i in "${!planted[@]}"; do
-    cat -- "$DY_SCRATCH/plant-$i" >> "${planted[$i]}" 2>>"$DY_SCRATCH/errors" || exit 0
-done
-: > "$DY_SCRATCH/planted"
-"""
 _TREE_UNREACHABLE = 3  # the prelude's
 
 
 def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str | None,
-                test_paths: list[str], at_base: list[str], timeout: float,
-                plant: dict[str, str] | None = None) -> bool:
-    """Apply the agent patch, then reset the test patch's paths and force-apply it, then
-    append the canaries ``plant`` holds (path: text), in one sandboxed step (git, then GNU
-    patch with fuzz, as SWE-bench's harness does). Returns whether the canaries went in."""
+                test_paths: list[str], at_base: list[str], timeout: float) -> None:
+    """Apply the agent patch, then reset the test patch's paths and force-apply it, in one
+    sandboxed step (git, then GNU patch with fuzz, as SWE-bench's harness does)."""
     inputs: dict[str, bytes] = {}
     script = APPLY_FUNCTION
     if agent_patch is not None:
@@ -138,18 +119,11 @@ def _apply_both(workspace: Workspace, agent_patch: str | None, test_patch: str |
                 f'2>>"$DY_SCRATCH/errors" || exit {_RESET_FAILED}\n'
             )
         script += f'apply_patch "$DY_SCRATCH/test.diff" || exit {_TEST_FAILED}\n'
-        if plant:
-            paths = sorted(plant)
-            inputs["plant-paths"] = b"".join(p.encode("utf-8", "surrogateescape") + b"\0"
-                                             for p in paths)
-            for index, path in enumerate(paths):
-                inputs[f"plant-{index}"] = plant[path].encode()
-            script += _PLANT
     outcome = run_in_tree(workspace, script, inputs=inputs,
-                          outputs=("errors", _AGENT_APPLIED, _PLANTED), timeout=timeout,
+                          outputs=("errors", _AGENT_APPLIED), timeout=timeout,
                           env={"DY_BASE": workspace.base_commit})
     if outcome.exit_code == 0 and _AGENT_APPLIED in outcome.files:
-        return _PLANTED in outcome.files
+        return
     errors = outcome.files.get("errors", b"").decode("utf-8", "replace").strip()
     told = (errors or outcome.output.strip())[-4000:]
     if not outcome.started:
@@ -197,14 +171,12 @@ def _existing_at_base(workspace: Workspace, paths: list[str]) -> list[str]:
 
 
 def apply_patches(workspace: Workspace, patch_text: str, test_patch: str,
-                  timeout: float = PATCH_STEP_TIMEOUT_S,
-                  plant: dict[str, str] | None = None) -> AgentPatchOutcome:
+                  timeout: float = PATCH_STEP_TIMEOUT_S) -> AgentPatchOutcome:
     """Apply the agent's patch minus test configuration, then force the gold test patch
     (AgentPatchFailed, TestPatchFailed; PatchStepFailed when the sandbox never ran the step),
-    then append the canaries ``plant`` holds to the test patch's files (path: text) --
-    one sandboxed step for both (a launch costs milliseconds), within ``timeout`` seconds, with
-    the test-configuring sections of setup.cfg / pyproject.toml put back afterwards in the files
-    the test patch leaves alone."""
+    in one sandboxed step for both (a launch costs milliseconds), within ``timeout`` seconds,
+    with the test-configuring sections of setup.cfg / pyproject.toml put back afterwards in the
+    files the test patch leaves alone."""
     agent_text, agent_outcome, sectioned = None, AgentPatchOutcome(applied=False), set()
     if patch_text.strip():
         preamble, sections = split_patch(patch_text)
@@ -225,9 +197,7 @@ def apply_patches(workspace: Workspace, patch_text: str, test_patch: str,
         # Parents cleared in the tree that exist at base come back with the files under them.
         at_base = _existing_at_base(workspace, test_paths)
     if agent_text is not None or test_text is not None:
-        agent_outcome.planted = _apply_both(
-            workspace, agent_text, test_text, test_paths, at_base, timeout,
-            {path: text for path, text in (plant or {}).items() if path in test_paths})
+        _apply_both(workspace, agent_text, test_text, test_paths, at_base, timeout)
     reset = set(test_paths)
     for path in sorted(sectioned):
         # A file the test patch touches is base + test patch now: its sections are canonical.

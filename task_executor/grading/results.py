@@ -40,6 +40,12 @@ class ReportedTests:
     """What the reporter's integrity record found changed in the runner while it ran."""
     integrity: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     """The integrity record's marks of the runner's entry points, by event (start, finish)."""
+    code: list[dict] = field(default_factory=list)
+    """The code record (``reporter/dockyard_code.py``): what each test file defines, and
+    what each test's call ran; judged by ``code_check``."""
+    called: set[str] = field(default_factory=set)
+    """Tests whose function was called in the reporting process (a pytest call phase, not a
+    pytest-xdist worker's; a unittest pass or xfail)."""
 
     def lookup(self, name: str) -> TestState:
         key = name if name in self.states else self.aliases.get(name)
@@ -124,6 +130,8 @@ def parse_report(data: bytes) -> ReportedTests:
                 # failed was written by something else (into the reporter's own file).
                 run.tampered.append(f"two outcomes for one test phase: {test_id}")
             by_phase[str(record.get("when"))] = record
+            if record.get("when") == "call" and not record.get("remote"):
+                run.called.add(test_id)
             run.failures_in_session += record.get("outcome") == "failed"
         elif kind == "collect":
             run.states[test_id or "<collection>"] = "ERROR"
@@ -138,7 +146,11 @@ def parse_report(data: bytes) -> ReportedTests:
         elif kind == "integrity" and isinstance(record.get("marks"), dict):
             marks = {str(k): str(v) for k, v in record["marks"].items()}
             run.integrity.setdefault(str(record.get("event")), []).append(marks)
+        elif kind == "code":
+            run.code.append(record)
         elif kind == "unittest":
+            if record.get("outcome") in ("passed", "xfailed"):
+                run.called.add(test_id)
             if record.get("outcome") == "xfailed":
                 run.xfailed.add(test_id)
             state = _UNITTEST_STATES.get(str(record.get("outcome")), "ERROR")

@@ -1,7 +1,8 @@
-"""Whether a run was tampered with: its canaries, and the reporter's integrity record.
+"""Whether a run was tampered with: its canaries, the reporter's integrity record, its code record.
 
-Both are read out of process, from what the run left: the canaries' states in the report (did
-each come out as planted?), and the integrity record (``reporter/dockyard_integrity.py``): a
+All are read out of process, from what the run left: the canaries' states in the report (did
+each come out as planted?), the code record (did each test that passed run its file's code?
+``code_check``), and the integrity record (``reporter/dockyard_integrity.py``): a
 ``tamper`` line whenever a report found pytest's or unittest's entry points changed, and the
 marks of those entry points at start and at the end, which must agree. A record missing from a
 run that reported tests is itself a finding: the reporter writes it before any test code runs.
@@ -10,6 +11,7 @@ run that reported tests is itself a finding: the reporter writes it before any t
 from __future__ import annotations
 
 from .canaries import Plan, check
+from .code_check import code_problem
 from .consistency import Problem, RunEvidence
 from .results import ReportedTests
 
@@ -39,6 +41,8 @@ def tampering(plan: Plan, report: ReportedTests, parser: str,
     if crashed:
         return None
     if found := _integrity(report, parser):
+        return found
+    if plan.code_files and (found := code_problem(report, plan.required, parser)):
         return found
     if plan.planted:
         return check(plan, report.states)

@@ -28,6 +28,8 @@ from task_executor.grading import canaries
 from tests.conftest import RunningExecutor, module_executor
 
 SOURCE = BASE_FILES["calc/__init__.py"]
+PLANTED = canaries.FAILING + canaries.PASSING + canaries.CLONES_PER_FILE
+"""Canaries in a grading of the demo tasks: the generic ones, and clones of FAIL_TO_PASS tests."""
 F2P_NAMES = "('test_add', 'test_add_many')"
 
 RUNTEST_ONLY_F2P = (
@@ -227,7 +229,7 @@ def _assert_tampered(result: dict, task: DemoTask) -> None:
     assert (result["status"], result["resolved"]) == ("unresolved", False), (
         result["status"], result["error"], result["log"][-3000:])
     assert result["error_code"] == "tampered", (result["error"], result["log"][-3000:])
-    assert result["canaries"] == 3 and result["canaries_skipped"] is None
+    assert result["canaries"] == PLANTED and result["canaries_skipped"] is None
     _assert_no_canary_shown(result, task)
 
 
@@ -318,7 +320,7 @@ def test_tampering_before_the_session_starts_is_seen(shared_executor, conftest_t
 def test_a_real_fix_is_resolved_with_canaries_planted(shared_executor, task):
     result = shared_executor.submit(task.request("gold", task.gold_patch)).json()
     assert result["status"] == "resolved", (result["error"], result["log"][-3000:])
-    assert result["canaries"] == 3 and result["error_code"] is None
+    assert result["canaries"] == PLANTED and result["error_code"] is None
     assert result["control_run"] is None  # consistent on its own: exit status 1, as planted
     _assert_no_canary_shown(result, task)
 
@@ -326,13 +328,13 @@ def test_a_real_fix_is_resolved_with_canaries_planted(shared_executor, task):
 def test_a_real_fix_in_a_class_is_resolved(shared_executor, class_task):
     result = shared_executor.submit(class_task.request("class-gold", class_task.gold_patch)).json()
     assert result["status"] == "resolved", (result["error"], result["log"][-3000:])
-    assert result["canaries"] == 3
+    assert result["canaries"] == PLANTED
 
 
 def test_a_real_non_fix_is_plain_unresolved(shared_executor, task):
     result = shared_executor.submit(task.request("non-fix", "")).json()
     assert (result["status"], result["error_code"]) == ("unresolved", None), result["error"]
-    assert result["canaries"] == 3
+    assert result["canaries"] == PLANTED
 
 
 def test_the_canaries_run_but_their_names_never_show(shared_executor, task):
@@ -342,7 +344,7 @@ def test_the_canaries_run_but_their_names_never_show(shared_executor, task):
             "test_command": "python -m pytest -p no:cacheprovider -v -rA tests/test_calc.py"}
     result = shared_executor.submit(body).json()
     assert (result["status"], result["error_code"]) == ("unresolved", None), result["error"]
-    assert result["canaries"] == 3
+    assert result["canaries"] == PLANTED
     assert re.search(r"=+ 3 failed, 2 passed in ", result["log"]), result["log"][-2000:]
     _assert_no_canary_shown(result, task)
     assert "AssertionError: unexpected" not in result["log"]  # their failure sections too
@@ -369,7 +371,7 @@ def test_a_custom_pytest_command_gets_the_canary_ids(shared_executor, task):
     result = shared_executor.submit(body).json()
     _assert_tampered(result, task)
     gold = shared_executor.submit({**body, "task_id": "ids-gold", "patch": task.gold_patch}).json()
-    assert (gold["status"], gold["canaries"]) == ("resolved", 3), gold["error"]
+    assert (gold["status"], gold["canaries"]) == ("resolved", PLANTED), gold["error"]
 
 
 @pytest.mark.parametrize(("command", "reason"), [
@@ -484,7 +486,7 @@ def test_unittest_and_django_runs_are_guarded(shared_executor, unittest_task, dj
     task = unittest_task if style == "unittest" else django_task
     gold = shared_executor.submit(_unittest_body(task, f"{style}-gold", task.gold_patch,
                                                  style)).json()
-    assert (gold["status"], gold["canaries"]) == ("resolved", 3), (
+    assert (gold["status"], gold["canaries"]) == ("resolved", PLANTED), (
         gold["error"], gold["canaries_skipped"], gold["log"][-3000:])
     assert "Ran 3 tests" in gold["log"] and "\nOK" in gold["log"]  # the canaries uncounted
     _assert_no_unittest_canary_shown(gold, task)
@@ -568,6 +570,6 @@ def test_start_up_hooks_dropped_where_python_looks_do_not_forge(shared_executor,
     result = finished["result"]
     assert result["status"] == "unresolved", (result["error"], result["log"][-2000:])
     assert {"sitecustomize.py", "zz_tamper.pth"} <= set(result["excluded_files"])
-    assert result["canaries"] == 3
+    assert result["canaries"] == PLANTED
     assert result["error_code"] is None  # nothing forged reached the grading: plainly unresolved
     assert result["tests"]["tests/test_calc.py::test_add"] == "FAILED"

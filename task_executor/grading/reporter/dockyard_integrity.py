@@ -42,6 +42,8 @@ _WATCHED = (
     ("dockyard_integrity", ("watch", "hook_watch", "_behaviour", "_probes", "_changed",
                             "_targets", "_package", "_only_added", "_nothing_added",
                             "_watched_cells")),
+    ("dockyard_code", ("code_hash", "expect", "watcher", "module_file_suffixes", "_compiled",
+                       "_functions")),
 )
 SENSITIVE_HOOKS = (
     "pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_runtest_logreport",

@@ -11,17 +11,21 @@ unittest.TestResult, installed by the sitecustomize module beside this one.
 
 Both modes also keep an integrity record of the runner (dockyard_integrity): a fingerprint of its
 entry points written at start and at the end, and a ``tamper`` line whenever a report finds them
-changed.
+changed; and a code record (dockyard_code): what each test file defines, and what each test's
+call actually ran.
 """
 
 import atexit
 import json
 import os
 
+import dockyard_code
 import dockyard_integrity
 
 _stream = None
 _MODE = os.environ.get("DOCKYARD_REPORT_MODE")
+# Read (and dropped, so nested runs do not check against it) before any test code runs.
+_CODE_FILES = os.environ.pop("DOCKYARD_CODE_FILES", None)
 
 
 def _open_once():
@@ -88,9 +92,17 @@ def pytest_runtest_logreport(report):
         outcome=report.outcome,
         wasxfail=hasattr(report, "wasxfail"),
         xfail_marked=bool(getattr(report, "dockyard_xfail_marked", False)),
+        # Run by a pytest-xdist worker (which loads no reporter): no code record to expect.
+        remote=getattr(report, "node", None) is not None,
     )
     if report.when == "call" or report.outcome != "passed":
         _guard.verify()  # where outcomes are decided (each test's call), and every failure
+
+
+def _node_key(nodeid):
+    """(file, qualname) of a pytest node id: ``a/test_x.py::TestA::test_b[1]``."""
+    parts = nodeid.split("[", 1)[0].split("::")
+    return parts[0], ".".join(parts[1:])
 
 
 def _mark_declared_xfail(item, report):
@@ -116,6 +128,32 @@ try:
         def pytest_runtest_makereport(item, call):  # noqa: F811
             outcome = yield
             _mark_declared_xfail(item, outcome.get_result())
+
+    # The code record's window: the innermost wrapper of the call of a test function, so that
+    # nothing but the runner's own implementation runs between it and the test's frame.
+    try:
+
+        @pytest.hookimpl(wrapper=True, trylast=True)
+        def pytest_pyfunc_call(pyfuncitem):
+            token = _guard.open_item(pyfuncitem)
+            try:
+                return (yield)
+            finally:
+                _guard.close_window(token)
+
+    except TypeError:
+
+        @pytest.hookimpl(hookwrapper=True, trylast=True)
+        def pytest_pyfunc_call(pyfuncitem):  # noqa: F811
+            token = _guard.open_item(pyfuncitem)
+            try:
+                yield
+            finally:
+                _guard.close_window(token)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(item):
+        _guard.current[:] = [item.nodeid]  # unittest's _callTestMethod names it by this id
 
 except ImportError:  # no pytest in this interpreter: the unittest hooks below still work
     pass
@@ -204,6 +242,9 @@ class _Guard:
         self.finish = lambda: None
         self.settle = lambda: None
         self.watch_hooks = lambda pluginmanager: None
+        self.open_item = lambda item: None
+        self.close_window = lambda token: None
+        self.current = []
 
     def start(self, settled=True):
         """Record the runner's entry points now (before any test code), and write their marks
@@ -252,15 +293,87 @@ class _Guard:
 
         self.verify, self.finish, self.watch_hooks = verify, finish, watch_hooks
         self.settle = settle
+        self._start_code_check(write)
         own = [(f"dockyard_report.{name}", lambda n=name: namespace.get(n))
                for name in ("record", "_open_once", "pytest_runtest_logreport",
                             "pytest_sessionstart", "pytest_sessionfinish", "pytest_addhooks",
-                            "pytest_collectreport", "pytest_runtest_makereport", "_guard")]
+                            "pytest_collectreport", "pytest_runtest_makereport", "_guard",
+                            "pytest_pyfunc_call", "pytest_runtest_call", "_node_key")]
         own += [(f"dockyard_report._guard.{name}", lambda n=name: getattr(self, n, None))
-                for name in ("verify", "finish", "settle", "watch_hooks")]
+                for name in ("verify", "finish", "settle", "watch_hooks", "open_item",
+                             "close_window")]
         taken.append(dockyard_integrity.watch(own))
         if settled:
             record(kind="integrity", event="start", marks=taken[0][1]())
+
+
+    def _start_code_check(self, write):
+        """The code record (dockyard_code): the test files' functions now, then a window
+        around each test's call (pytest's ``pytest_pyfunc_call``; unittest's
+        ``_callTestMethod``, wrapped here, before the integrity record is taken)."""
+        try:
+            named = json.loads(_CODE_FILES) if _CODE_FILES else {}
+        except ValueError:
+            named = {}
+        files = named.get("files") if isinstance(named, dict) else None
+        if not isinstance(files, dict) or not files:
+            return
+        root = named.get("root")
+        if not isinstance(root, str) or not os.path.isdir(root):
+            root = os.getcwd()
+        expected, status = dockyard_code.expect(files, root)
+        write(kind="code", event="expected", files=status,
+              functions={rel: {q: sorted(h) for q, h in table.items()}
+                         for rel, table in expected.values()})
+        open_window, close_window = dockyard_code.watcher(expected, write)
+        node_key, current = _node_key, self.current
+        try:
+            import _pytest.python
+
+            pyfunc_call = _pytest.python.pytest_pyfunc_call.__code__
+        except Exception:
+            pyfunc_call = None
+
+        def open_item(item):
+            path, qualname = node_key(item.nodeid)
+            return open_window(item.nodeid, [path], qualname, pyfunc_call)
+
+        self.open_item, self.close_window = open_item, close_window
+        _wrap_test_method_calls(open_window, close_window, current)
+
+
+def _wrap_test_method_calls(open_window, close_window, current):
+    """unittest's ``_callTestMethod`` (3.8+; the asyncio case's too) with the window around
+    it; the test is named as pytest names it when pytest runs it, else by its unittest id."""
+    import unittest
+
+    classes = [unittest.TestCase]
+    try:
+        from unittest import IsolatedAsyncioTestCase
+
+        classes.append(IsolatedAsyncioTestCase)
+    except ImportError:
+        pass
+    node_key, suffixes_of = _node_key, dockyard_code.module_file_suffixes
+    for cls in classes:
+        original = vars(cls).get("_callTestMethod")
+        if original is None:
+            continue
+
+        def wrapped(self, method, _original=original, _direct=original.__code__):
+            kind = type(self)
+            qualname = f"{kind.__qualname__}.{self._testMethodName}"
+            token = None
+            if not current:
+                token = open_window(self.id(), suffixes_of(kind.__module__), qualname, _direct)
+            elif node_key(current[0])[1] == qualname:  # not a TestCase run inside a test
+                token = open_window(current[0], [node_key(current[0])[0]], qualname, _direct)
+            try:
+                return _original(self, method)
+            finally:
+                close_window(token)
+
+        cls._callTestMethod = wrapped
 
 
 _guard = _Guard()
