@@ -153,3 +153,21 @@ def test_a_thousand_idle_sessions_hold_no_process_and_restore_on_demand(tmp_path
         assert sorted((tmp_path / "base" / "work").iterdir()) == []
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=120) == 0
+
+
+def test_named_shells_are_stopped_and_restored_each_with_its_own_state(
+        executor_factory, demo_task):
+    executor = executor_factory(session_idle_stop=IDLE_STOP_S)
+    base = executor.settings.base_dir
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "cd calc && WHO=default")
+    named = executor.post(f"/session/{sid}/exec",
+                          json={"command": "cd tests && WHO=build", "shell": "build"})
+    assert named.status_code == 200 and named.json()["exit_code"] == 0, named.text
+    wait_until(lambda: _stopped(executor, sid))  # every shell, the named one too
+    assert _state(executor, sid)["shells"] == ["default", "build"]
+    assert owned_processes(base) == []
+    again = executor.post(f"/session/{sid}/exec",
+                          json={"command": 'echo "${PWD##*/} $WHO"', "shell": "build"})
+    assert again.json()["output"] == "tests build\n", again.text
+    assert _exec(executor, sid, 'echo "${PWD##*/} $WHO"')["output"] == "calc default\n"
