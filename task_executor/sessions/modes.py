@@ -46,5 +46,7 @@ def command_text(command: str, mode: CallMode) -> tuple[str, int]:
         # terminal's `cd missing && cmd` would, and nothing of the command runs.
         steps.append(f"builtin cd -- {shlex.quote(mode.cwd)} || builtin exit 1")
     steps += [f"builtin export {name}={shlex.quote(value)}" for name, value in mode.env.items()]
-    prologue = "; ".join(steps)
+    # Never an empty prologue: `( \n\n)` (an empty or comment-only command) is a syntax error,
+    # where a terminal, and SWE-ReX's execute, run it as a success.
+    prologue = "; ".join(steps) or "builtin :"
     return f"( {prologue}\n{command}\n)", SUBSHELL_LINES

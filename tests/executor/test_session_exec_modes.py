@@ -69,6 +69,12 @@ def test_exit_in_a_stateless_call_keeps_the_shell(shared_executor, kept):
     assert _run(shared_executor, kept, "echo $KEPT")["output"] == "yes\n"
 
 
+@pytest.mark.parametrize("command", ["", "# only a comment", "\n\n"])
+def test_an_empty_stateless_command_succeeds_as_in_a_terminal(shared_executor, kept, command):
+    ran = _run(shared_executor, kept, command, stateless=True)
+    assert (ran["exit_code"], ran["not_run"], ran["output"]) == (0, None, ""), ran
+
+
 def test_bad_env_and_cwd_are_refused(shared_executor, kept):
     for body in ({"env": {"1BAD": "x"}}, {"cwd": ""}, {"env": {"A": "nul\u0000"}},
                  {"stderr": "both"}, {"shell": "no/slash"}):
