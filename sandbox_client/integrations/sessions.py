@@ -7,6 +7,8 @@ and a token to build that client from. What the adapter started, it closes.
 
 from __future__ import annotations
 
+import inspect
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,3 +58,22 @@ def open_session(
             own.close()
         raise
     return OpenedSession(started, owns_session=True, own_client=own)
+
+
+def exec_in(session: RemoteSession, command: str, *, timeout: float | None, **fields: Any) -> Any:
+    """``session.exec`` with the per-call fields of issue #25 (``cwd``, ``env``, ``stateless``,
+    ``shell``, ``stderr``). A client from before them gets the stateless call as a subshell of
+    the default shell (``cd`` and ``export`` inside it; same semantics), and a clear error for
+    what cannot be emulated (named shells)."""
+    wanted = {key: value for key, value in fields.items() if value not in (None, False)}
+    if "cwd" in inspect.signature(session.exec).parameters:
+        return session.exec(command, timeout, **wanted)
+    if wanted.get("shell", "default") != "default":
+        raise NotImplementedError("named shells need an executor and client with issue #25")
+    if not ({"cwd", "env", "stateless"} & set(wanted)):
+        return session.exec(command, timeout)
+    prelude = "".join(f"export {name}={shlex.quote(value)}\n"
+                      for name, value in (wanted.get("env") or {}).items())
+    if wanted.get("cwd"):
+        prelude = f"cd -- {shlex.quote(wanted['cwd'])} || exit 1\n" + prelude
+    return session.exec(f"(\n{prelude}{command}\n)", timeout)

@@ -78,7 +78,7 @@ from ..client import SandboxClient
 from ..errors import ExecutorRejected, TaskExecutorError
 from ..protocol import ExecResult
 from ..session import RemoteSession
-from .sessions import OpenedSession, open_session
+from .sessions import OpenedSession, exec_in, open_session
 
 T = TypeVar("T")
 
@@ -215,7 +215,7 @@ class DockyardRuntime(AbstractRuntime):
                     **fields: Any) -> ExecResult:
         def run() -> ExecResult:
             with self._lock(shell):
-                return self.session.exec(command, timeout=timeout, shell=shell, **fields)
+                return exec_in(self.session, command, timeout=timeout, shell=shell, **fields)
 
         return await asyncio.to_thread(run)
 
