@@ -9,4 +9,6 @@
   (extra ``dockyard[skyrl]``).
 
 Nothing here is imported by ``sandbox_client`` itself: a framework is needed only by its module.
+The adapters import the client side only (``client``, ``session``, ``protocol``, ``reward``,
+``errors``) and their framework; ``sessions`` is their shared way to get a session.
 """

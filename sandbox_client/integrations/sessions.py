@@ -63,8 +63,8 @@ def open_session(
 def exec_in(session: RemoteSession, command: str, *, timeout: float | None, **fields: Any) -> Any:
     """``session.exec`` with the per-call fields of issue #25 (``cwd``, ``env``, ``stateless``,
     ``shell``, ``stderr``). A client from before them gets the stateless call as a subshell of
-    the default shell (``cd`` and ``export`` inside it; same semantics), and a clear error for
-    what cannot be emulated (named shells)."""
+    the default shell (``cd`` and ``export`` inside it; same semantics; stderr stays merged),
+    and a clear error for what cannot be emulated (named shells)."""
     wanted = {key: value for key, value in fields.items() if value not in (None, False)}
     if "cwd" in inspect.signature(session.exec).parameters:
         return session.exec(command, timeout, **wanted)

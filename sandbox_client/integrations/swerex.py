@@ -166,7 +166,8 @@ class DockyardRuntime(AbstractRuntime):
             raise CommandTimeoutError(
                 f"Timeout ({command.timeout}s) exceeded while running command"
             )
-        response = CommandResponse(stdout=result.output, stderr=result.stderr or "",
+        # getattr: a client from before issue #25 has no separate stderr (it stays in stdout).
+        response = CommandResponse(stdout=result.output, stderr=getattr(result, "stderr", "") or "",
                                    exit_code=result.exit_code)
         if command.check and result.exit_code != 0:
             message = (f"Command {command.command!r} failed with exit code {result.exit_code}. "
@@ -226,8 +227,8 @@ class DockyardRuntime(AbstractRuntime):
 
 def _observation(action: BashAction, result: ExecResult) -> BashObservation:
     """SWE-ReX's observation (or exception) for one exec in a shell."""
-    if result.not_run == "syntax_error":
-        stderr = result.syntax_error or result.output
+    if getattr(result, "not_run", None) == "syntax_error":
+        stderr = getattr(result, "syntax_error", None) or result.output
         raise BashIncorrectSyntaxError(
             f"Error while checking bash command \n{action.command!r}\n---- Stderr ----\n{stderr}",
             extra_info={"bash_stdout": "", "bash_stderr": stderr},
