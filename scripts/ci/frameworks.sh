@@ -11,7 +11,7 @@ venv=${DOCKYARD_FRAMEWORKS_VENV:-/opt/dockyard-ci-frameworks-venv}
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/pip" install -q -e '.[test,minisweagent,swerex]' 'pytest-asyncio>=0.24,<2'
+"$venv/bin/pip" install -q -e '.[test,minisweagent,swerex,skyrl]' 'pytest-asyncio>=0.24,<2'
 export MSWEA_SILENT_STARTUP=1
 "$venv/bin/python" -m pytest -q --run-slow --asyncio-mode=auto \
     -o asyncio_default_fixture_loop_scope=function \
