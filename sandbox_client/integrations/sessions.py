@@ -62,9 +62,11 @@ def open_session(
 
 def exec_in(session: RemoteSession, command: str, *, timeout: float | None, **fields: Any) -> Any:
     """``session.exec`` with the per-call fields of issue #25 (``cwd``, ``env``, ``stateless``,
-    ``shell``, ``stderr``). A client from before them gets the stateless call as a subshell of
-    the default shell (``cd`` and ``export`` inside it; same semantics; stderr stays merged),
-    and a clear error for what cannot be emulated (named shells)."""
+    ``shell``, ``stderr``). Interim, while this package's ``RemoteSession`` predates them (the
+    client and the adapters ship together, so delete the fallback once it has them): the
+    stateless call becomes a subshell of the default shell (``cd`` and ``export`` inside it;
+    same semantics; stderr stays merged), and what cannot be emulated (named shells) is a clear
+    error."""
     wanted = {key: value for key, value in fields.items() if value not in (None, False)}
     if "cwd" in inspect.signature(session.exec).parameters:
         return session.exec(command, timeout, **wanted)
@@ -76,4 +78,5 @@ def exec_in(session: RemoteSession, command: str, *, timeout: float | None, **fi
                       for name, value in (wanted.get("env") or {}).items())
     if wanted.get("cwd"):
         prelude = f"cd -- {shlex.quote(wanted['cwd'])} || exit 1\n" + prelude
-    return session.exec(f"(\n{prelude}{command}\n)", timeout)
+    # ":" first: a subshell may not be empty, and an empty command must still succeed.
+    return session.exec(f"(\n{prelude}:\n{command}\n)", timeout)
