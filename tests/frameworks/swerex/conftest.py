@@ -24,11 +24,26 @@ from sandbox_client.integrations.swerex import DockyardRuntime
 
 NOT_RUN = {"test_server_dead": "tests swe-rex's RemoteRuntime against an internet host"}
 
+#: Upstream tests that need what a Dockyard session does not offer, on purpose; each is expected
+#: to fail (strictly: one that starts passing is reported). The README's SWE-ReX section lists
+#: them with these reasons.
+UNSUPPORTED = {
+    "test_read_write_file": "checks the file on the host; the sandbox writes its own tree",
+    "test_read_large_file": "writes the file on the host, where the sandbox cannot read it",
+    "test_run_in_shell_interactive_command": "no terminal to drive a REPL through",
+    "test_run_in_shell_interactive_command_timeout": "no terminal to drive a REPL through",
+    "test_interrupt_pager": "without a terminal `less` exits at once, and Dockyard kills a "
+                            "timed-out command itself, so SWE-ReX's `kill %1` output never shows",
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.originalname in NOT_RUN if isinstance(item, pytest.Function) else False:
-            item.add_marker(pytest.mark.skip(reason=NOT_RUN[item.originalname]))
+        name = getattr(item, "originalname", item.name)
+        if name in NOT_RUN:
+            item.add_marker(pytest.mark.skip(reason=NOT_RUN[name]))
+        elif name in UNSUPPORTED:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=UNSUPPORTED[name]))
 
 
 @pytest.fixture
