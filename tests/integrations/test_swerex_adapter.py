@@ -154,7 +154,9 @@ def test_upload_keeps_file_modes(deployment: DockyardDeployment, tmp_path: Path)
     tool.write_text("#!/bin/sh\necho hello from the tool\n")
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     runtime = deployment.runtime
+    # SWE-agent puts its tools under $HOME/tools (/root/tools when the sandbox runs as root).
+    home = run(runtime.execute(Command(command='printf %s "$HOME"', shell=True))).stdout
     run(runtime.upload(UploadRequest(source_path=str(tmp_path / "tools"),
-                                     target_path="/root/tools")))
-    out = run(runtime.execute(Command(command=["/root/tools/bin/hello"])))
+                                     target_path=f"{home}/tools")))
+    out = run(runtime.execute(Command(command=[f"{home}/tools/bin/hello"])))
     assert out.stdout == "hello from the tool\n"
