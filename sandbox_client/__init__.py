@@ -3,9 +3,11 @@
 ``run_task(TaskSpec) -> TaskResult`` for reward functions, ``start_session(SessionStartSpec) ->
 RemoteSession`` for agent environments (``exec -> ExecResult``, ``finish -> FinishResult``,
 ``snapshot``, ``fork``), ``SandboxClient`` for callers that manage their own pool, and the
-``TaskExecutorError`` tree that every failure belongs to (a spec that does not validate is
-``InvalidSpec``). Specs may be the protocol models or plain dicts. ``run_task_safe`` and
-``reward_from_result`` turn verdicts into rewards without ever scoring a failure as 0.
+``TaskExecutorError`` tree that every executor failure belongs to (a spec that does not validate
+is ``SpecError``, a ``ValueError`` outside that tree: the caller's bug, raised before sending).
+Specs may be the protocol models or plain dicts. ``run_task_safe`` (``run_tasks_safe`` for a
+batch) and ``reward_from_result`` turn verdicts into rewards without ever scoring a failure as 0;
+``no_verdict_cause`` says whose fault a missing verdict is.
 ``SandboxClient.fleet_status()`` reports each executor as ``ExecutorStatus`` (see ``routing``).
 """
 
@@ -22,6 +24,7 @@ from .errors import (
     InvalidSpec,
     ProtocolError,
     ReplyLost,
+    SpecError,
     TaskExecutorError,
 )
 from .protocol import (
@@ -35,7 +38,7 @@ from .protocol import (
     TaskResult,
     TaskSpec,
 )
-from .reward import reward_from_result, run_task_safe
+from .reward import no_verdict_cause, reward_from_result, run_task_safe, run_tasks_safe
 from .routing import ExecutorStatus
 from .session import RemoteSession
 
@@ -60,13 +63,16 @@ __all__ = [
     "SessionStartSpec",
     "SessionState",
     "SnapshotInfo",
+    "SpecError",
     "TaskExecutorError",
     "TaskResult",
     "TaskSpec",
     "configure",
     "default_client",
+    "no_verdict_cause",
     "reward_from_result",
     "run_task",
     "run_task_safe",
+    "run_tasks_safe",
     "start_session",
 ]

@@ -13,6 +13,10 @@ Rules this module keeps (DESIGN.md, STYLE.md habit 4):
   choice, within a count and a time budget. Calls pinned to one executor wait out 429/503 there.
   An executor that answers 409 ``conditions_mismatch`` (it cannot give the conditions the call
   declares) is not asked again by that call, which moves on to the next in rank.
+* Before the first call placed on an executor the client reads its ``/health`` (task and session
+  capacity), so a cold batch waits in the client for room instead of being sent to meet 429s;
+  that capacity is asked again when it is old or in doubt (``routing``). ``learn_capacity=False``
+  turns this off (capacity then comes only from ``health()`` and the ejection probes).
 * Every ``run_task`` call sends one ``Idempotency-Key`` of its own. A submit whose reply was
   lost is re-submitted with that key to the same executor, which answers the stored verdict (or
   409 ``task_in_progress`` while it still grades): the tests never run twice for one call while
@@ -34,6 +38,7 @@ import logging
 import random
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, overload
@@ -50,9 +55,9 @@ from .errors import (
     ExecutorRejected,
     ExecutorTimeout,
     ExecutorUnreachable,
-    InvalidSpec,
     ProtocolError,
     ReplyLost,
+    SpecError,
     TaskExecutorError,
     first_problem,
     parse_spec,
@@ -93,7 +98,8 @@ class SandboxClient:
 
     ``urls``, ``token``, ``timeout``, ``config``, ``routing`` and ``affinity_k`` are resolved by
     ``sandbox_client.config.resolve_config``; ``sleep`` is how the client waits between busy
-    retries (tests pass a recorder).
+    retries (tests pass a recorder); ``learn_capacity``: ask an executor's ``/health`` before
+    the first call placed on it (and again when what it said is old or in doubt).
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class SandboxClient:
         affinity_k: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
         pool: Any = None,
+        learn_capacity: bool = True,
     ) -> None:
         self.config: ClientConfig = resolve_config(
             urls, token, timeout, config, task_timeout=task_timeout, routing=routing,
@@ -124,6 +131,7 @@ class SandboxClient:
             probe=self._probe,
             probe_base_s=self.config.probe_base_s,
             probe_max_s=self.config.probe_max_s,
+            learn=self._probe if learn_capacity else None,
         )
         self._http = requests.Session()
         # Proxy variables and .netrc are for humans; executors are called by pod IP directly.
@@ -163,7 +171,8 @@ class SandboxClient:
 
     def run_task(self, spec: TaskSpec | Mapping[str, Any]) -> TaskResult:
         """Grade one patch on the executor its template is placed on; raises
-        ``TaskExecutorError`` on failure (``InvalidSpec`` for a spec that does not validate)."""
+        ``TaskExecutorError`` on failure, and ``SpecError`` at once (nothing sent) for a spec that
+        does not validate."""
         task = self.config.with_conditions(
             self.config.with_task_timeout(parse_spec(TaskSpec, spec)))
         body = task.model_dump(mode="json", exclude_none=True)
@@ -208,7 +217,15 @@ class SandboxClient:
                                  command_timeout=start.command_timeout, on_end=lease.release)
         url, started = self._place("session", key, "session start", begin)
         log.info("session %s: started on %s", started.session_id, url)
-        return RemoteSession(self, url, started, command_timeout=start.command_timeout)
+        self._fleet.session_opened(url)
+        # The room it holds is given back once: when it ends, or when it is dropped unended (the
+        # executor reaps it when idle): a count that only grew would shut this client out. A
+        # finalizer runs at most once, whichever comes first.
+        ended: Callable[[], Any]
+        session = RemoteSession(self, url, started, command_timeout=start.command_timeout,
+                                on_end=lambda: ended())
+        ended = weakref.finalize(session, self._fleet.session_ended, url)
+        return session
 
     def _pooled(self, spec: Any, template: str, kind: str, what: str,
                 attempt: Callable[[str], T], keep: bool = False) -> tuple[Any, T]:
@@ -218,7 +235,7 @@ class SandboxClient:
         ``keep`` (the caller then releases it), and the answer."""
         image = spec.image
         if self.pool is None:
-            raise InvalidSpec(f"{what}: the spec names image {image!r}, but this client has "
+            raise SpecError(f"{what}: the spec names image {image!r}, but this client has "
                               "no pool (SandboxClient(pool=...))", field="image",
                               model=type(spec).__name__, problem="no pool for images")
         for attempt_no in range(2):

@@ -1,13 +1,18 @@
-"""The client's one exception tree: every way a call to an executor can fail.
+"""The client's exceptions: every way a call to an executor can fail, and the caller's own bug.
 
 Nothing else escapes the client: requests, urllib3, JSON and pydantic errors are translated into
 these classes at one boundary (``SandboxClient._exchange``) and chained with ``raise ... from``,
-so the original cause stays in the traceback; a spec or a configuration the client refuses before
-sending anything is one of them too. The tree says what a caller may safely do next::
+so the original cause stays in the traceback. A spec the client refuses before sending anything
+is ``SpecError``, a ``ValueError`` and deliberately *not* a ``TaskExecutorError``: it is the
+caller's bug, raised at once, and must never be read as "the executors failed" (issue #25: a
+spec with two different ids made a whole reward batch look like a dead fleet). The
+``TaskExecutorError`` tree says what a caller may safely do next::
+
+    SpecError (ValueError)            a spec the client refuses before sending: .field names
+                                      it, .code is invalid_spec; sending it again unchanged, to
+                                      any executor, fails the same way (alias: InvalidSpec)
 
     TaskExecutorError                 anything went wrong talking to an executor
-    ├── InvalidSpec                   a spec the client refuses before sending (also a
-    │                                 ValueError): .field names it, .code is invalid_spec
     ├── InvalidConfig                 the client's own configuration is unusable (bad URL,
     │                                 routing; also a ValueError): .code is invalid_config
     ├── ExecutorUnreachable           the request provably never reached a server (connection
@@ -23,7 +28,9 @@ sending anything is one of them too. The tree says what a caller may safely do n
     └── ProtocolError                 an answer that does not decode or does not validate
 
 Reward code should not branch on these: ``sandbox_client.reward.run_task_safe`` turns all of them
-into a ``TaskResult`` with status ``execution_error`` ("no verdict: resample"), never a 0.
+into a ``TaskResult`` with status ``execution_error`` ("no verdict: resample"), never a 0; a
+``SpecError`` becomes one too, with error code ``invalid_spec``, which
+``reward.no_verdict_cause`` calls ``caller_bug``, never ``infrastructure``.
 """
 
 from __future__ import annotations
@@ -42,11 +49,13 @@ __all__ = [
     "InvalidSpec",
     "ProtocolError",
     "ReplyLost",
+    "SpecError",
     "TaskExecutorError",
     "parse_spec",
 ]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+E = TypeVar("E", bound=Exception)
 
 
 class TaskExecutorError(Exception):
@@ -67,7 +76,7 @@ class TaskExecutorError(Exception):
         return (_rebuild, (type(self), dict(self.__dict__)))
 
 
-def _rebuild(cls: type[TaskExecutorError], state: dict[str, Any]) -> TaskExecutorError:
+def _rebuild(cls: type[E], state: dict[str, Any]) -> E:
     error = cls.__new__(cls)
     Exception.__init__(error, state.get("message", ""))
     error.__dict__.update(state)
@@ -122,20 +131,31 @@ class ProtocolError(TaskExecutorError):
     """An answer arrived but is not what protocol v1 says it must be."""
 
 
-class InvalidSpec(TaskExecutorError, ValueError):
+class SpecError(ValueError):
     """A request the client refuses to send: it does not validate against protocol v1. Nothing
-    reached an executor; sending it again unchanged fails the same way."""
+    reached an executor; sending it again unchanged fails the same way. The caller's own bug:
+    not a ``TaskExecutorError``, so ``except TaskExecutorError`` (executor trouble) never
+    swallows it."""
 
     code = "invalid_spec"
 
     def __init__(self, message: str, *, field: str, model: str, problem: str = "") -> None:
         super().__init__(message)
+        self.message = message
         #: The first offending field, dotted (``fail_to_pass.0``; ``body`` for the whole).
         self.field = field
         #: What is wrong with it (pydantic's message).
         self.problem = problem
         #: The protocol model it was validated as (``TaskSpec``, ``SessionStartSpec`` ...).
         self.model = model
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As TaskExecutorError's: keyword-only fields, and reward workers may be processes.
+        return (_rebuild, (type(self), dict(self.__dict__)))
+
+
+InvalidSpec = SpecError
+"""The name ``SpecError`` had before issue #25 (when it was a ``TaskExecutorError`` too)."""
 
 
 class InvalidConfig(TaskExecutorError, ValueError):
@@ -152,13 +172,13 @@ def first_problem(exc: pydantic.ValidationError) -> tuple[str, str]:
 
 
 def parse_spec(model: type[M], value: Any) -> M:
-    """``value`` (a model or a mapping) validated as ``model``; ``InvalidSpec`` naming the field
-    otherwise, so a bad spec stays inside the tree reward code catches."""
+    """``value`` (a model or a mapping) validated as ``model``; ``SpecError`` naming the field
+    otherwise, raised before anything is sent."""
     try:
         return model.model_validate(value)
     except pydantic.ValidationError as exc:
         where, problem = first_problem(exc)
-        raise InvalidSpec(
+        raise SpecError(
             f"invalid {model.__name__}: {where}: {problem}",
             field=where, model=model.__name__, problem=problem,
         ) from exc

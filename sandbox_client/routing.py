@@ -14,12 +14,21 @@
   ``GET /health`` on a jittered, doubling backoff and re-admits it when it answers (so does any
   answer it gives meanwhile). When every executor is out, calls try them anyway: failing is
   certain otherwise.
-* **Room.** This client's calls in flight are counted per executor. An executor is full for
-  tasks when they reach its task capacity (from its ``/health``, once the client has seen one),
-  or, after it answered 429, the number it was running for us then, until its Retry-After has
-  passed. A call takes the first executor in its preference (the first ``affinity_k`` least busy
-  first, then the rest by rank) that has room; when none has, a fresh call waits in the client for
-  one of this client's calls to end instead of being sent to be refused.
+* **Room.** This client's calls in flight are counted per executor, and the sessions it holds
+  there. An executor is full for tasks when they reach its task capacity, for session starts when
+  starts plus held sessions reach its session capacity, or, after it answered 429, at the number
+  it was running for us then, until its Retry-After has passed. A call takes the first executor in
+  its preference (the first ``affinity_k`` least busy first, then the rest by rank) that has room;
+  when none has, a fresh call waits in the client for one of this client's calls to end instead
+  of being sent to be refused.
+* **Capacity is learned, and learned again.** The first call placed on an executor asks its
+  ``/health`` first (one caller asks; the others placed there meanwhile wait for the answer), so a
+  cold batch sends no more than fits and meets no 429 (issue #25: 16 gradings on a capacity-4
+  executor took 7.95 s waiting out 429s, 4.09 s after one ``/health``). What was learned is not
+  trusted forever: it is asked again after ``CAPACITY_TTL_S``, after a 429 all the same, and after
+  a broken connection or an ejection (an executor restarted with other limits); any ``/health``
+  the client reads (probes, ``SandboxClient.health``) refreshes it too. An executor that does not
+  answer ``/health`` keeps an unknown capacity (no limit but its 429s) until the next due time.
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ BREAKS_TO_EJECT = 3
 DEFAULT_BUSY_S = 1.0
 #: Longest a waiting call sleeps before looking again (wake-ups normally come sooner).
 _RECHECK_S = 1.0
+#: Seconds a capacity learned from ``/health`` is trusted before it is asked again.
+CAPACITY_TTL_S = 60.0
 
 
 def rendezvous_rank(key: str, urls: Iterable[str]) -> list[str]:
@@ -84,6 +95,10 @@ class ExecutorStatus:
     connect_failures: int
     #: Gradings it runs at once, from its ``/health`` (None until one was seen).
     task_capacity: int | None
+    #: Sessions it keeps at once, from its ``/health`` (None until one was seen).
+    session_capacity: int | None
+    #: Sessions this client started there and has not finished or closed.
+    sessions: int
     #: Seconds until it is probed again (None unless ejected).
     next_probe_s: float | None
 
@@ -98,6 +113,13 @@ class _Executor:
     full: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Kind -> (calls of ours it held when it last answered 429, monotonic time that holds till)."""
     task_capacity: int | None = None
+    session_capacity: int | None = None
+    sessions: int = 0
+    """Sessions of this client live there (started, not yet finished or closed)."""
+    learned_at: float | None = None
+    """Monotonic time its capacity was last asked (answered or not); None: ask before using it."""
+    learning: bool = False
+    """A call is asking its ``/health`` for its capacity."""
     last_error: str | None = None
     ejections: int = 0
     connect_failures: int = 0
@@ -117,18 +139,35 @@ class _Executor:
     next_probe: float = 0.0
 
     def has_room(self, kind: str, now: float) -> bool:
-        limit = self.task_capacity if kind == "task" else None
+        running = self.placed.get(kind, 0)
+        if kind == "task":
+            capacity = self.task_capacity
+        else:
+            capacity, running = self.session_capacity, running + self.sessions
+        if capacity is not None and running >= capacity:
+            return False
         mark = self.full.get(kind)
-        if mark is not None and mark[1] > now:
-            limit = mark[0] if limit is None else min(limit, mark[0])
-        return limit is None or self.placed.get(kind, 0) < limit
+        return mark is None or mark[1] <= now or self.placed.get(kind, 0) < mark[0]
+
+    def learn_capacity(self, load: Mapping[str, float], now: float) -> None:
+        # A /health without the keys (an older executor) leaves the capacity unknown.
+        self.task_capacity = _capacity(load, "task_capacity")
+        self.session_capacity = _capacity(load, "session_capacity")
+        self.learned_at = now
+
+
+def _capacity(load: Mapping[str, float], key: str) -> int | None:
+    value = load.get(key)
+    return int(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
 class Fleet:
     """Ranking, health and room of a fixed list of executors; thread-safe.
 
     ``probe(url)`` asks an executor's ``/health`` and returns its ``load`` (raising when it does
-    not answer); the monitor thread calls it for ejected executors only.
+    not answer); the monitor thread calls it for ejected executors only. ``learn(url)`` does the
+    same for a call about to be placed on an executor whose capacity is unknown or due
+    (None: capacity is known only from ``/health`` answers read otherwise, and never expires).
     """
 
     def __init__(
@@ -140,6 +179,8 @@ class Fleet:
         probe: Callable[[str], Mapping[str, float]],
         probe_base_s: float,
         probe_max_s: float,
+        learn: Callable[[str], Mapping[str, float]] | None = None,
+        capacity_ttl_s: float = CAPACITY_TTL_S,
     ) -> None:
         self.urls = tuple(urls)
         self._distinct = tuple(dict.fromkeys(self.urls))
@@ -149,6 +190,8 @@ class Fleet:
         self._probe = probe
         self._probe_base_s = probe_base_s
         self._probe_max_s = probe_max_s
+        self._learn = learn
+        self._capacity_ttl_s = capacity_ttl_s
         self._rng = random.Random()
         self._turns = itertools.count()
         self._cond = threading.Condition()
@@ -186,6 +229,7 @@ class Fleet:
         Until ``wait_until`` (a ``time.monotonic()`` value; None: never wait), a call that finds
         no executor with room waits for one.
         """
+        asked: set[str] = set()  # executors this call asked the capacity of: not again
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -198,6 +242,12 @@ class Fleet:
                 if not candidates:
                     return None
                 choice = self._preferred(kind, candidates, now)
+                if choice not in asked:
+                    step = self._learn_if_due(self._executors[choice], now)
+                    if step == "asked":
+                        asked.add(choice)
+                    if step is not None:
+                        continue  # learned, or waited for whoever learns it: choose again
                 if (
                     self._executors[choice].has_room(kind, now)
                     or wait_until is None
@@ -214,6 +264,48 @@ class Fleet:
                 placed = self._executors[choice].placed
                 placed[kind] = placed.get(kind, 0) + 1
             return choice
+
+    def _learn_if_due(
+        self, executor: _Executor, now: float
+    ) -> Literal["asked", "waited"] | None:
+        """With the lock held: when ``executor``'s capacity must be asked before a call is placed
+        there, ask its ``/health`` (the lock released meanwhile: "asked"), or, while another call
+        asks it for the first time, wait a while for that answer ("waited"); None when what is
+        known will do."""
+        if self._learn is None or self._closed:
+            return None
+        never = executor.learned_at is None
+        if not never and (executor.learning or now - executor.learned_at < self._capacity_ttl_s):
+            return None  # known: a refresh under way elsewhere need not hold this call
+        if executor.learning:
+            self._cond.wait(_RECHECK_S)
+            return "waited"
+        executor.learning = True
+        self._cond.release()
+        load: Mapping[str, float] | None = None
+        try:
+            load = self._learn(executor.url)
+        except Exception as exc:  # noqa: BLE001 -- whatever it is, the call goes ahead unlimited
+            log.info("%s: capacity not learned (%s); placing without it", executor.url, exc)
+        finally:
+            self._cond.acquire()
+            executor.learning = False  # even on an interrupt: the waiters must not wait forever
+            self._cond.notify_all()
+        if load is None:
+            # Not asked again before the TTL: a dead executor costs one failed /health, not one
+            # per call (its calls fail and eject it on their own).
+            executor.learned_at = time.monotonic()
+        else:
+            executor.learn_capacity(load, time.monotonic())
+            log.info("%s: capacity learned: %s gradings, %s sessions", executor.url,
+                     executor.task_capacity, executor.session_capacity)
+        return "asked"
+
+    def _relearn(self, executor: _Executor) -> None:
+        """With the lock held: what was learned of ``executor``'s capacity is in doubt (a 429 all
+        the same, a broken connection, an ejection); the next call placed there asks again."""
+        if executor.learned_at is not None:
+            executor.learned_at = float("-inf")
 
     def _preferred(self, kind: str, candidates: list[str], now: float) -> str:
         head = candidates[: self._affinity_k] if self._routing == "affinity" else []
@@ -246,7 +338,21 @@ class Fleet:
                     limit = min(limit, earlier[0])
                 until = now + (retry_after if retry_after else DEFAULT_BUSY_S)
                 executor.full[kind] = (limit, until)
+                self._relearn(executor)
             self._cond.notify_all()
+
+    def session_opened(self, url: str) -> None:
+        """A session this client started on ``url`` is live: it holds room there."""
+        with self._cond:
+            if (executor := self._executors.get(url)) is not None:
+                executor.sessions += 1
+
+    def session_ended(self, url: str) -> None:
+        """A session this client started on ``url`` was finished, closed or dropped."""
+        with self._cond:
+            if (executor := self._executors.get(url)) is not None and executor.sessions > 0:
+                executor.sessions -= 1
+                self._cond.notify_all()
 
     # -- what calls saw -------------------------------------------------------------------------
 
@@ -282,12 +388,14 @@ class Fleet:
             executor.generation += 1
             executor.suspect = True
             executor.last_error = error
+            self._relearn(executor)
             if executor.broken >= BREAKS_TO_EJECT:
                 self._eject(executor, f"{executor.broken} connections broke in a row: {error}")
 
     def _eject(self, executor: _Executor, error: str) -> None:
         executor.last_error = error
         executor.generation += 1
+        self._relearn(executor)
         if executor.healthy:
             executor.healthy = False
             executor.ejections += 1
@@ -312,8 +420,8 @@ class Fleet:
             executor = self._executors.get(url)
             if executor is None:
                 return
-            if load is not None and "task_capacity" in load:
-                executor.task_capacity = int(load["task_capacity"])
+            if load is not None:
+                executor.learn_capacity(load, time.monotonic())
             if since is not None and since != executor.generation:
                 return
             executor.broken = 0
@@ -375,6 +483,8 @@ class Fleet:
                     ejections=e.ejections,
                     connect_failures=e.connect_failures,
                     task_capacity=e.task_capacity,
+                    session_capacity=e.session_capacity,
+                    sessions=e.sessions,
                     next_probe_s=None if e.healthy else max(0.0, e.next_probe - now),
                 )
                 for e in self._executors.values()

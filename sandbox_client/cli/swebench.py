@@ -2,9 +2,15 @@
 
 Instances carry ``instance_id, repo, base_commit, test_patch, FAIL_TO_PASS, PASS_TO_PASS`` (test
 lists as lists or as the JSON-encoded strings SWE-bench stores), optionally ``patch`` (the
-reference fix), ``test_command``, ``log_parser``, ``setup``, ``env`` and ``timeout``. Predictions
-carry ``instance_id, model_patch, model_name_or_path``. Both may be a JSON list, a JSON object keyed
-by instance id, or JSON Lines.
+reference fix), ``test_command``, ``log_parser``, ``setup``, ``env``, ``timeout`` and
+``task_id``; SWE-bench's other fields (``problem_statement``, ``version``, ...) are ignored.
+Predictions carry ``instance_id, model_patch, model_name_or_path``. Both may be a JSON list, a
+JSON object keyed by instance id, or JSON Lines.
+
+Two ids: ``instance_id`` is the SWE-bench id (predictions, the report and the log directories are
+keyed by it); ``task_id``, when a record carries one, is Dockyard's id for the grading (sent as
+the TaskSpec's ``task_id``, echoed in its result and in the executors' logs). A record with both
+is accepted whether they are equal or not; without ``task_id`` the instance id serves as both.
 
 In real SWE-bench ``repo`` is ``owner/name``, which an executor cannot clone. ``RepoMapper`` turns
 it into something it can: ``--repo-url-template`` (``{repo}``, ``{owner}``, ``{name}``
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSpec, parse_spec
+from ..errors import SpecError, parse_spec
 from ..protocol import TaskSpec
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@|file:)", re.IGNORECASE)
@@ -188,11 +194,13 @@ def task_spec(
     log_bytes: int | None = None,
     rules: str | None = None,
 ) -> TaskSpec:
-    """The TaskSpec that grades ``patch`` on ``instance``."""
+    """The TaskSpec that grades ``patch`` on ``instance``. Its ``task_id`` is the ``task_id``
+    argument, else the record's own ``task_id`` (Dockyard's id), else its ``instance_id`` (the
+    SWE-bench id, which stays the key of predictions and reports)."""
     iid = instance["instance_id"]
     setup = instance.get("setup") or []
     body: dict[str, Any] = {
-        "task_id": task_id or iid,
+        "task_id": task_id or dockyard_id(instance),
         "repo": repos(str(instance["repo"]), iid),
         "base_commit": instance["base_commit"],
         "patch": patch or "",
@@ -213,8 +221,15 @@ def task_spec(
         body["log_bytes"] = log_bytes
     try:
         return parse_spec(TaskSpec, body)
-    except InvalidSpec as exc:
+    except SpecError as exc:
         raise InputError(f"instance {iid}: {exc.field}: {exc.problem}") from None
+
+
+def dockyard_id(record: Mapping[str, Any]) -> str:
+    """The id Dockyard grades ``record`` under: its ``task_id`` when it has one, else its
+    ``instance_id`` (SWE-bench's)."""
+    own = record.get("task_id")
+    return str(own) if own not in (None, "") else str(record["instance_id"])
 
 
 def _first(record: Mapping[str, Any], *keys: str) -> Any:

@@ -8,8 +8,11 @@ first, with a margin, it is a retryable 503 whose code names the resource (``out
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from task_executor.errors import OverCapacity
@@ -52,6 +55,30 @@ def check() -> None:
     available = _mem_available()
     if available is not None and available < MEMORY_MARGIN_BYTES:
         raise _out("memory", f"{available // 2**20} MiB of memory available")
+
+
+@contextmanager
+def running_out_is_503() -> Iterator[None]:
+    """A start that runs out of descriptors anyway is the same 503 (the check is a snapshot: a
+    connection or another start can take the margin between it and the start), never a 500."""
+    try:
+        yield
+    except Exception as exc:
+        out_of_fds = _exhausted(exc)
+        if out_of_fds is None:
+            raise
+        raise out_of_fds from exc
+
+
+def _exhausted(exc: BaseException) -> OutOfResource | None:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+            return _out("fds", f"a descriptor could not be opened ({cause.strerror})")
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _out(what: str, detail: str) -> OutOfResource:

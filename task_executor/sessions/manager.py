@@ -95,7 +95,8 @@ class SessionManager:
             self._starting += 1
             self._ensure_reaper()
         try:
-            session = self._open(spec)
+            with headroom.running_out_is_503():
+                session = self._open(spec)
         finally:
             with self._guard:
                 self._starting -= 1
@@ -322,7 +323,9 @@ class SessionManager:
                 cwd = source.shell.cwd() or root
                 relative = os.path.relpath(cwd, root) if cwd.startswith(root) else "."
                 try:
-                    forked = self._open(source.spec, snapshot=snap, restore=(state, relative))
+                    with headroom.running_out_is_503():
+                        forked = self._open(source.spec, snapshot=snap,
+                                            restore=(state, relative))
                 finally:
                     if transient is not None:
                         remove_tree(transient)

@@ -148,12 +148,16 @@ def hangup_server() -> Iterator[RawServer]:
 
 @pytest.fixture
 def make_client(sleeps: Sleeps) -> Iterator[Callable[..., SandboxClient]]:
-    """Build clients with recorded sleeps and short timeouts; closes them after the test."""
+    """Build clients with recorded sleeps and short timeouts; closes them after the test.
+
+    They do not ask ``/health`` before a first call (``learn_capacity=False``) unless told: the
+    tests that use them script every exchange; learning is tested in ``test_capacity.py``."""
     made: list[SandboxClient] = []
 
     def make(urls: list[str] | str, **kwargs: Any) -> SandboxClient:
         if "config" not in kwargs:
             kwargs.setdefault("timeout", (2.0, 5.0))
+        kwargs.setdefault("learn_capacity", False)
         client = SandboxClient(urls, sleep=sleeps, **kwargs)
         made.append(client)
         return client
@@ -172,6 +176,20 @@ def graded_on(caplog: pytest.LogCaptureFixture) -> Counter[str]:
 
 
 FAST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def answered(executor: Any, route: str, status: int) -> int:
+    """Requests a live executor answered on ``route`` with ``status``, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = executor.get("/metrics").text
+    return int(sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dockyard_http_requests_total"
+        and sample.labels.get("route") == route and sample.labels.get("status") == str(status)
+    ))
 
 
 def demo_instance(demo: Any, instance_id: str, **overrides: Any) -> dict[str, Any]:

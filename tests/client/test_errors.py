@@ -28,6 +28,7 @@ from sandbox_client import (
     ProtocolError,
     ReplyLost,
     SandboxClient,
+    SpecError,
     TaskExecutorError,
 )
 from sandbox_client.client import parse_retry_after
@@ -47,12 +48,15 @@ def test_tree_has_one_root() -> None:
         ExecutorRejected,
         ExecutorBusy,
         ProtocolError,
-        InvalidSpec,
         InvalidConfig,
     ):
         assert issubclass(cls, TaskExecutorError)
     assert issubclass(ExecutorTimeout, ReplyLost) and issubclass(ConnectionLost, ReplyLost)
     assert issubclass(ExecutorBusy, ExecutorRejected)
+    # The caller's own bug is outside the tree: no "except TaskExecutorError" takes it for the
+    # executors' failure (issue #25).
+    assert InvalidSpec is SpecError and issubclass(SpecError, ValueError)
+    assert not issubclass(SpecError, TaskExecutorError)
 
 
 def test_errors_survive_pickling() -> None:
@@ -178,8 +182,9 @@ def test_the_seed_names_import_from_the_package() -> None:
                  "FinishSpec", "SessionState", "SnapshotInfo", "HealthResponse"):
         assert getattr(sandbox_client, name) is getattr(protocol, name)
         assert name in sandbox_client.__all__
-    for name in ("TaskExecutorError", "InvalidSpec", "InvalidConfig"):
+    for name in ("TaskExecutorError", "InvalidConfig"):
         assert issubclass(getattr(sandbox_client, name), TaskExecutorError)
+    assert "SpecError" in sandbox_client.__all__ and sandbox_client.InvalidSpec is SpecError
 
 
 @pytest.mark.parametrize(
@@ -201,14 +206,14 @@ def test_the_seed_names_import_from_the_package() -> None:
 def test_a_spec_the_client_refuses_is_invalid_spec_naming_the_field(
     mocked: responses.RequestsMock, make_client: Make, call: Any, model: str, field: str
 ) -> None:
-    """Inside the tree reward code catches (and a ValueError, as pydantic's was); nothing sent."""
+    """A ValueError (as pydantic's was), outside the executors' tree; nothing sent."""
     start = mocked.post(f"{URL}/session/start",
                         json={"session_id": "s", "workdir": "/testbed", "base_commit": "abc"})
     client = make_client(URL)
     session = client.start_session({"repo": "/r", "base_commit": "abc"})
     with pytest.raises(InvalidSpec) as info:
         call(client, session)
-    assert isinstance(info.value, TaskExecutorError) and isinstance(info.value, ValueError)
+    assert not isinstance(info.value, TaskExecutorError) and isinstance(info.value, ValueError)
     assert (info.value.model, info.value.field, info.value.code) == (model, field, "invalid_spec")
     assert str(info.value).startswith(f"invalid {model}: {field}")
     assert isinstance(info.value.__cause__, pydantic.ValidationError)

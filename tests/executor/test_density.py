@@ -182,7 +182,8 @@ def test_out_of_fds_is_a_retryable_503_and_live_sessions_go_on(tmp_path, demo_ta
         closed = requests.delete(f"{url}/session/{started.pop()}", timeout=60)
         assert closed.status_code == 200
         again = http.post("/session/start", json=body)
-        assert again.status_code == 200, again.text
+        log = (tmp_path / "executor.err").read_text(errors="replace")
+        assert again.status_code == 200, (again.text, log[-3000:])
     finally:
         proc.send_signal(signal.SIGTERM)  # its own shutdown closes the sessions
         proc.wait(timeout=120)
@@ -240,3 +241,34 @@ def test_the_next_executor_removes_the_cgroups_a_killed_one_left(tmp_path, demo_
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(timeout=120) == 0
     assert _cgroup_dirs(base) == []
+
+
+def test_a_start_that_runs_out_of_fds_past_the_check_is_the_same_503():
+    """The check is a snapshot: when a start runs out of descriptors anyway (a connection took
+    the margin meanwhile), the error deep inside it, however wrapped, is the retryable 503."""
+    from task_executor.sessions import headroom
+
+    opened: list[int] = []
+
+    def start() -> None:  # as a workspace's git or a shell's pipes fail on the real limit
+        try:
+            while True:
+                opened.extend(os.pipe())
+        except OSError as exc:
+            raise RuntimeError("the workspace's git could not start") from exc
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    try:
+        with pytest.raises(headroom.OutOfResource) as caught:
+            with headroom.running_out_is_503():
+                start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in opened:
+            os.close(fd)
+    assert caught.value.http_status == 503 and caught.value.code == "out_of_fds"
+    assert opened, "no descriptor was opened before the limit"
+    with pytest.raises(RuntimeError):  # anything else stays what it was
+        with headroom.running_out_is_503():
+            raise RuntimeError("another fault")
