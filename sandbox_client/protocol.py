@@ -119,6 +119,9 @@ ShellText = Annotated[str, AfterValidator(_no_nul)]
 EnvMapping = Annotated[dict[str, str], AfterValidator(_env_mapping)]
 """Environment variables: shell-identifier names, values without NUL bytes."""
 
+SHELL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+"""Names of a session's shells."""
+
 IMAGE_REF_MAX = 255
 """Longest image reference accepted (a registry host, path, tag and digest fit well inside)."""
 
@@ -667,6 +670,59 @@ class ExecRequest(_Request):
     timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Seconds before the command is killed."
     )
+    cwd: ShellText | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="Directory for this call only (absolute, or relative to the working "
+        "tree); implies stateless. A missing directory: exit_code 1 and cd's message.",
+    )
+    env: EnvMapping | None = Field(
+        default=None, description="Variables for this call only; implies stateless."
+    )
+    stateless: bool = Field(
+        default=False,
+        description="Run in a subshell of the session shell: cd, export, functions and set "
+        "options made by the command do not persist.",
+    )
+    shell: str = Field(
+        default="default", pattern=SHELL_NAME_PATTERN,
+        description="Named shell of the session (a new name starts a new shell; 16 at most).",
+    )
+    stderr: Literal["merged", "separate"] = Field(
+        default="merged",
+        description="separate: output holds stdout only, the result's stderr field stderr.",
+    )
+
+    @property
+    def in_subshell(self) -> bool:
+        """Whether the command runs in a subshell (stateless, or a cwd/env of its own)."""
+        return self.stateless or self.cwd is not None or self.env is not None
+
+
+class InterruptRequest(_Request):
+    """``POST /session/<id>/interrupt``: stop the command running in one shell."""
+
+    shell: str = Field(default="default", pattern=SHELL_NAME_PATTERN)
+
+
+class InterruptResult(_Response):
+    """Answer to ``POST /session/<id>/interrupt``."""
+
+    interrupted: bool = Field(description="False when nothing was running in that shell.")
+
+
+class ShellClosed(_Response):
+    """Answer to ``DELETE /session/<id>/shell/<name>``."""
+
+    session_id: str
+    shell: str
+    closed: bool = True
+
+
+class UploadResult(_Response):
+    """Answer to ``POST /session/<id>/upload``."""
+
+    files: int = Field(description="Regular files extracted.")
+    bytes: int = Field(description="Bytes of regular files extracted.")
 
 
 class ExecResult(_Response):
@@ -682,6 +738,17 @@ class ExecResult(_Response):
     duration_s: float = Field(default=0.0, description="Wall time of the command.")
     error: str | None = Field(
         default=None, description="Set when the shell failed (e.g. invalid frame) and restarted."
+    )
+    stderr: str | None = Field(
+        default=None, description="stderr alone (only when the request asked for separate)."
+    )
+    stderr_bytes: int = Field(default=0, description="Total bytes the command wrote to stderr.")
+    interrupted: bool = Field(default=False, description="An interrupt stopped the command.")
+    not_run: Literal["syntax_error"] | None = Field(
+        default=None, description="Why the command was not run at all."
+    )
+    syntax_error: str | None = Field(
+        default=None, description="bash's message when the syntax check refused the command."
     )
 
 
@@ -741,10 +808,25 @@ class SessionState(_Response):
     age_s: float = Field(description="Seconds since the session started.")
     idle_s: float = Field(description="Seconds since the last call on it.")
     commands_run: int = Field(description="Exec calls served.")
+    shells: list[str] = Field(default_factory=list, description="The session's shells.")
+    stopped: bool = Field(
+        default=False,
+        description="Every shell of the session is idle, saved and stopped; the next command "
+        "restarts one from its saved state (DOCKYARD_SESSION_IDLE_STOP).")
 
 
 class FinishSpec(GradingSpec):
     """``POST /session/<id>/finish``: capture the agent's diff and grade it like a TaskSpec."""
+
+    patch: str | None = Field(
+        default=None, description="Grade this patch (the agent's submission) instead of the "
+        "working tree's diff.",
+    )
+    exclude_paths: list[ShellText] = Field(
+        default_factory=list, max_length=1000,
+        description="Paths (relative to the working tree, fnmatch globs) left out of the "
+        "captured diff.",
+    )
 
 
 class FinishResult(_Response):

@@ -10,11 +10,14 @@ same executor: the fork is made from its workspace).
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import os
+import tarfile
 import uuid
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
 import pydantic
@@ -36,10 +39,13 @@ from .protocol import (
     FinishResult,
     FinishSpec,
     ForkRequest,
+    InterruptRequest,
+    InterruptResult,
     SessionStartResult,
     SessionState,
     SnapshotInfo,
     SnapshotRequest,
+    UploadResult,
 )
 
 log = logging.getLogger(__name__)
@@ -105,20 +111,68 @@ class RemoteSession:
             # Never mask the body's own exception; an unclosed session is reaped when idle.
             log.warning("session %s: close failed: %s", self.session_id, error)
 
-    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        """Run one command in the session's shell; never replayed after a lost reply."""
-        request = parse_spec(ExecRequest, {"command": command, "timeout": timeout})
-        body = request.model_dump(exclude_none=True)
+    def exec(
+        self,
+        command: str,
+        timeout: float | None = None,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stateless: bool = False,
+        shell: str = "default",
+        stderr: Literal["merged", "separate"] = "merged",
+    ) -> ExecResult:
+        """Run one command in one of the session's shells; never replayed after a lost reply.
+
+        ``cwd``/``env``/``stateless``: run it in a subshell (nothing it changes persists);
+        ``shell``: a named shell (started on first use); ``stderr="separate"``: stderr in the
+        result's ``stderr`` field, apart from ``output``."""
+        request = parse_spec(ExecRequest, {
+            "command": command, "timeout": timeout, "cwd": cwd, "env": env,
+            "stateless": stateless, "shell": shell, "stderr": stderr,
+        })
+        # Only what differs from the defaults: an older executor accepts the call unchanged.
+        body = request.model_dump(exclude_defaults=True)
+        body["command"] = command
         read = self.client.config.run_read_timeout(timeout or self._command_timeout)
         return self._call("POST", "/exec", ExecResult, read, json=body)
 
+    def interrupt(self, shell: str = "default") -> bool:
+        """SIGINT the command running in ``shell`` (SIGKILL after a short grace); the shell
+        and its state stay. False when nothing was running."""
+        body = parse_spec(InterruptRequest, {"shell": shell}).model_dump()
+        answer = self._call("POST", "/interrupt", InterruptResult, self._short, json=body)
+        return bool(answer.interrupted)
+
+    def close_shell(self, name: str) -> None:
+        """Close the named shell ``name`` (not "default") and everything it runs."""
+        self._call("DELETE", f"/shell/{quote(name, safe='')}", None, self._short)
+
+    def upload(self, source: str | os.PathLike[str] | bytes, remote_dir: str) -> UploadResult:
+        """Put a local directory (or a tar archive's bytes) into ``remote_dir`` inside the
+        sandbox, file modes kept."""
+        if isinstance(source, bytes):
+            data = source
+        else:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as archive:
+                archive.add(os.fspath(source), arcname=".")
+            data = buffer.getvalue()
+        return self._call(
+            "POST", "/upload", UploadResult, self.client.config.run_read_timeout(None),
+            params={"path": remote_dir}, data=data,
+            headers={"Content-Type": "application/x-tar"},
+        )
+
     def read_file(self, path: str) -> bytes:
-        """The file's bytes, exactly (checked against the executor's SHA-256 header)."""
+        """The file's bytes, exactly (checked against the executor's SHA-256 header);
+        ``path`` is relative to the tree, or absolute anywhere in the sandbox."""
         response = self._call("GET", "/file", None, self._short, params={"path": path})
         return response.content
 
     def write_file(self, path: str, data: bytes) -> FileWriteResult:
-        """Write ``data`` to ``path`` inside the workspace, byte for byte."""
+        """Write ``data`` to ``path`` (relative to the tree, or absolute anywhere the sandbox
+        may write), byte for byte."""
         written = self._call(
             "PUT",
             "/file",
@@ -148,13 +202,22 @@ class RemoteSession:
     def finish(self, spec: FinishSpec | None = None, **fields: Any) -> FinishResult:
         """Capture the agent's diff and grade it; the executor closes the session.
 
+        ``patch=`` grades that patch (the agent's submission) instead of the tree's diff;
+        ``exclude_paths=[...]`` leaves paths (fnmatch globs) out of the captured diff.
+
         The call carries an ``Idempotency-Key`` of its own: after a lost reply it is sent again
         with it, and the executor answers the verdict it made (or still makes) for it.
         """
-        finish = parse_spec(FinishSpec, spec if spec is not None else fields)
+        if spec is not None and fields:  # a spec plus fields of this call (patch=...)
+            spec_or_fields: Any = {**spec.model_dump(exclude_unset=True), **fields}
+        else:
+            spec_or_fields = spec if spec is not None else fields
+        finish = parse_spec(FinishSpec, spec_or_fields)
         finish = self.client.config.with_task_timeout(finish)
         read = self.client.config.run_read_timeout(finish.timeout)
         body = finish.model_dump(mode="json", exclude_none=True)
+        if not body.get("exclude_paths"):
+            body.pop("exclude_paths", None)  # an older executor refuses fields it lacks
         headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
         lost: ReplyLost | None = None
         for attempt in range(self.client.config.resubmits + 1):

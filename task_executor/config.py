@@ -40,6 +40,10 @@ class Settings:
     # Sessions (multi-turn).
     max_sessions: int = 64
     session_idle_timeout: float = 1800.0
+    session_idle_stop: float | None = None
+    """Seconds after which an idle session's shell, with nothing else running, is saved and
+    stopped, to be restarted from its state by the next command (None: never; see
+    ``sessions.idle``)."""
     command_timeout: float = 300.0
     output_cap_bytes: int = 64 * 1024
     # Seconds a SIGTERM'd executor lets running work finish before it kills it.
@@ -160,6 +164,8 @@ class Settings:
             problems.append("workspace_mode must be auto or git-clone")
         if self.fixed_path is not None and not self.fixed_path.startswith("/"):
             problems.append("fixed_path must be absolute")
+        if self.session_idle_stop is not None and self.session_idle_stop <= 0:
+            problems.append("session_idle_stop must be positive (or unset)")
         if self.max_sessions < 0:
             problems.append("max_sessions must not be negative")
         if not 0 < self.sandbox_uid < 2**32 - 1:
@@ -293,6 +299,13 @@ def _optional_int(raw: str) -> int | None:
     return int(raw)
 
 
+def _optional_float(raw: str) -> float | None:
+    """A number, or ``none`` / ``off`` / ``0`` for never."""
+    if raw.strip().lower() in ("none", "off", "0"):
+        return None
+    return float(raw)
+
+
 def _limit_or_auto(raw: str) -> int | str | None:
     """``auto`` (the default, derived from the host), an integer, or ``none`` for no limit."""
     if raw.strip().lower() == "auto":
@@ -318,6 +331,7 @@ _ENV = {
     "DOCKYARD_MAX_CONCURRENT_EXECS": ("max_concurrent_execs", int),
     "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),
     "DOCKYARD_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
+    "DOCKYARD_SESSION_IDLE_STOP": ("session_idle_stop", _optional_float),
     "DOCKYARD_COMMAND_TIMEOUT": ("command_timeout", float),
     "DOCKYARD_SHUTDOWN_GRACE": ("shutdown_grace", float),
     "DOCKYARD_FIXED_PATH": ("fixed_path", str),

@@ -15,7 +15,8 @@ bubblewrap works (``capabilities.detect``), a command runs as::
 
 and sees: the host root read-only; a private minimal /dev, a size-limited /dev/shm, /run empty;
 the executor's base directory, interpreter, venv and code hidden under empty tmpfs; the workspace
-read-write at the fixed path, its own /tmp (and home in it); the copy-on-write runtime
+read-write at the fixed path, its own /tmp (and home in it, also shown at /root when root
+inside); the copy-on-write runtime
 directories the workspace factory mounted; the reporter plugin read-only at ``REPORTER_MOUNT``.
 
 Without bubblewrap there is no sandbox: commands run as the executor's uid (or ``run_as``) with
@@ -41,6 +42,8 @@ REPORTER_MOUNT = "/run/dockyard/reporter"
 never on its ``sys.path``)."""
 MALLOC_TUNABLE = "glibc.malloc.mmap_threshold=65536"
 """What bubblewrap runs with (see ``_WRAPPER``), never code under test."""
+ROOT_HOME = "/root"
+"""Where the sandbox's root finds its home: the workspace's private home directory."""
 REPO_MOUNT = "/run/dockyard/repo"
 """Where git run inside the sandbox finds the repository mirror (read-only)."""
 
@@ -82,6 +85,16 @@ class Sandbox:
     @property
     def active(self) -> bool:
         return self.capabilities.sandbox
+
+    @property
+    def root_home(self) -> str | None:
+        """Where code under test running as root inside finds the workspace's home (also
+        /tmp/home): writable, gone with the workspace, the host's /root never shown (SWE-agent
+        installs tools under /root/tools). None without a sandbox, for another user, or over
+        an image's root, which may have no /root to mount on (its home stays /tmp/home)."""
+        if not self.active or self.run_as is not None or self.root != "host":
+            return None
+        return ROOT_HOME
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -140,7 +153,7 @@ class Sandbox:
                           _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
             argv = [*_wrapper(cgroup_files, args_files, seccomp), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, "--args", "3", "--"]
-        return Launcher(tuple(argv), namespace)
+        return Launcher(tuple(argv), namespace, confined=True)  # bwrap's --unshare-pid
 
     def _bwrap_options(
         self, tree: Path, tmp: Path | None, deny_network: bool, binds: tuple[Bind, ...],
@@ -165,6 +178,8 @@ class Sandbox:
             argv += ["--remount-ro", CGROUP_ROOT]
         if tmp is not None:
             argv += ["--bind", str(tmp), "/tmp"]
+            if self.root_home is not None:
+                argv += ["--bind", str(tmp / "home"), self.root_home]
         argv += ["--bind", str(tree), fixed]
         for bind in binds:
             argv += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.target]

@@ -221,6 +221,9 @@ class Launcher:
 
     argv: tuple[str, ...] = ()
     namespace: MountNamespace | None = None
+    confined: bool = False
+    """Every process the command starts stays below the process ``popen`` returns (a new PID
+    namespace whose init it starts): a sweep may look there instead of in all of /proc."""
 
     def popen(self, command: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
         if self.namespace is None:

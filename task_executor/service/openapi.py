@@ -28,7 +28,13 @@ _JSON_ROUTES: list[tuple[str, str, type[BaseModel] | None, type[BaseModel], str]
      "Capture the diff, grade it, close the session"),
     ("/session/{session_id}", "delete", None, protocol.SessionClosed, "Close without grading"),
     ("/session/{session_id}/file", "put", None, protocol.FileWriteResult,
-     "Write raw bytes to ?path= inside the workspace"),
+     "Write raw bytes to ?path= (in the tree, or any absolute path the sandbox may write)"),
+    ("/session/{session_id}/interrupt", "post", protocol.InterruptRequest,
+     protocol.InterruptResult, "SIGINT the command running in a shell; the shell stays"),
+    ("/session/{session_id}/shell/{name}", "delete", None, protocol.ShellClosed,
+     "Close a named shell"),
+    ("/session/{session_id}/upload", "post", None, protocol.UploadResult,
+     "Extract a tar archive (modes kept) into the directory ?path= inside the sandbox"),
     ("/health", "get", None, protocol.HealthResponse, "Liveness and capabilities (no auth)"),
 ]
 _IMAGE_ROUTES = ("/task/submit", "/session/start")
@@ -89,8 +95,11 @@ def openapi_document() -> dict[str, Any]:
                     "schema": {"type": "string", "enum": ["true"]},
                 }
             }
-        if path.endswith("/file"):
+        if "{name}" in path:
+            operation["parameters"].append(_parameter("name", "path"))
+        if path.endswith(("/file", "/upload")):
             operation["parameters"].append(_parameter("path", "query"))
+            # An upload's tar is raw bytes too (any Content-Type is taken; x-tar by custom).
             operation["requestBody"] = {"required": True, **_RAW_BODY}
         if path != "/health":
             operation["security"] = [{"bearer": []}]

@@ -26,6 +26,8 @@ failure must never become a verdict.
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sandbox_client.protocol import is_utf8
@@ -110,7 +112,7 @@ class CaptureUnavailable(Unavailable):
     code = "capture_unavailable"
 
 
-def capture_patch(workspace: Workspace) -> CapturedPatch:
+def capture_patch(workspace: Workspace, exclude_paths: Sequence[str] = ()) -> CapturedPatch:
     """The tree's changes against ``base_commit``, read through the executor's own mirror.
 
     git runs inside the workspace's sandbox with the mirror (read-only) as its repository and the
@@ -118,6 +120,10 @@ def capture_patch(workspace: Workspace) -> CapturedPatch:
     fsmonitor or filters, hooks, a deleted directory) is consulted, and a symlink or FIFO in the
     tree is read as what it is, never followed on the host; new objects go to a scratch
     directory, never into the mirror.
+
+    ``exclude_paths`` (fnmatch patterns relative to the tree; a pattern naming a directory
+    covers what is below it) leave files out of the patch; they are listed in
+    ``excluded_files``.
     """
     excluded = b"".join(
         f":(exclude,literal){name}".encode("utf-8", "surrogateescape") + b"\0"
@@ -135,10 +141,23 @@ def capture_patch(workspace: Workspace) -> CapturedPatch:
         kept += [section for section in binary if is_utf8(section.text)]
         kept.sort(key=lambda section: min(section.paths))  # git's order: by path
         dropped = sorted({*dropped, *(p for s in binary if not is_utf8(s.text) for p in s.paths)})
+    if exclude_paths:
+        wanted = [not any(_excluded(p, exclude_paths) for p in s.paths) for s in kept]
+        unwanted = [section for section, keep in zip(kept, wanted, strict=True) if not keep]
+        kept = [section for section, keep in zip(kept, wanted, strict=True) if keep]
+        dropped = sorted({*dropped, *(p for section in unwanted for p in section.paths)})
     return CapturedPatch(
         patch=preamble + "".join(section.text for section in kept),
         excluded_files=sorted({*dropped, *special}),
     )
+
+
+def _excluded(path: str, patterns: Sequence[str]) -> bool:
+    """Whether ``path`` or a directory above it matches one of ``patterns``."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(prefix, pattern.strip("/"))
+               for prefix in prefixes for pattern in patterns)
 
 
 def _diff(workspace: Workspace, script: str, inputs: dict[str, bytes]) -> tuple[str, list[str]]:

@@ -149,12 +149,17 @@ class ShellFds:
     """Memfds the shell saves its state into after each command, in turn."""
     messages: int
     """Memfd the syntax check writes bash's messages into."""
+    output: int
+    """Write end of the output pipe (the command's stdout and, merged, stderr)."""
+    stderr: int
+    """Write end of the pipe a command's stderr goes to when asked for separately."""
 
     def declare(self) -> str:
-        """Read-only variables with the fd numbers (and the control text that uses them)."""
+        """Read-only variables with the fd numbers (and the control texts that use them)."""
         return (
             f"declare -r __dy_sfd={self.status} __dy_cfd={self.command}"
-            f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self))}\n"
+            f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self, False))}"
+            f" __dy_L2={shlex.quote(_run_text(self, True))}\n"
             f"declare -ra __dy_pfd=({self.snapshots[0]} {self.snapshots[1]})\n"
         )
 
@@ -196,10 +201,19 @@ __dy_post() {
 __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
 """.replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
 
-RUN_LINE = '\\eval "$__dy_L"\n'
-"""The control line that checks and runs the command in the command memfd and frames its
-status. It is short on purpose: bash reads a pipe one byte per system call, and the text it
-runs (:func:`_run_text`, in ``__dy_L``) is set once per shell."""
+RUN_LINE = '\\__dy_pre\n\\builtin eval "$__dy_L"\n{ \\__dy_post "$?"; } 2>/dev/null\n'
+"""The control lines that check and run the command in the command memfd and frame its
+status. They are short on purpose: bash reads a pipe one byte per system call, and the text it
+runs (:func:`_run_text`, in ``__dy_L``) is set once per shell.
+
+Three lines, not one list: when a command's job dies of SIGINT (an interrupt), bash ends the
+list it runs in, even with SIGINT trapped (as the session's shell is, see
+:func:`bootstrap_script`), so the frame must be written by a line of its own: an interrupted
+command (a ``sleep``, a list, a loop) returns 130 and the shell goes on. ``eval`` is called through
+``builtin``: the frame now follows on a line of its own, so an agent function named ``eval``
+would otherwise make every later command a silent no-op answered "exit 0". The third line
+is read once the command ran, possibly under its ``set -v``: bash's own stderr is
+/dev/null, so that echo goes nowhere, while the command's fd 2 is the output pipe."""
 
 TOO_OLD_STATUS = 97
 """The status a fresh shell exits with when it is older than bash 4.4."""
@@ -211,17 +225,24 @@ def command_file(nonce: str, command: bytes) -> bytes:
     return f"{CHECK_LINE} # {nonce}\n".encode() + command
 
 
-def _run_text(fds: ShellFds) -> str:
-    """Check and run the command (eval at top level, so that ``cd``, assignments, ``export``
-    and function definitions persist); then frame its status. A backslash keeps agent aliases
-    from rewriting a word; the group's 2>/dev/null keeps __dy_post out of a `set -x` trace."""
+RUN_SEPARATE_LINE = RUN_LINE.replace("__dy_L", "__dy_L2")
+"""The control line for a command whose stderr goes to the stderr pipe, apart from stdout."""
+
+
+def _run_text(fds: ShellFds, separate: bool) -> str:
+    """Run the command (eval at top level, so that ``cd``, assignments, ``export`` and
+    function definitions persist), between RUN_LINE's check and frame. A backslash keeps agent
+    aliases from rewriting a word. The command's fd 2 is the output pipe, or with
+    ``separate`` the stderr pipe (redirections apply left to right, so it is copied before its
+    own number is closed to the command)."""
     closed = " ".join(
-        f"{fd}>&-" for fd in (fds.status, fds.command, *fds.snapshots, fds.messages)
+        f"{fd}>&-"
+        for fd in (fds.status, fds.command, *fds.snapshots, fds.messages, fds.output,
+                   fds.stderr)
     )
-    return (
-        f'\\__dy_pre; \\eval "$__dy_cmd" {closed} </dev/null; '
-        '{ \\__dy_post "$?"; } 2>/dev/null'
-    )
+    to_stderr = fds.stderr if separate else fds.output
+    return f'\\builtin eval "$__dy_cmd" 2>&{to_stderr} {closed} </dev/null'
+
 
 
 _PROTOCOL_FUNCTIONS = "__dy_parse __dy_check __dy_pre __dy_post __dy_ping"
@@ -241,7 +262,14 @@ def bootstrap_script(fds: ShellFds) -> str:
     return (
         "(( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404 )) || exit "
         f"{TOO_OLD_STATUS}\n"
+        # bash's own stderr goes nowhere between commands (a command's fd 2 is set per
+        # command, see RUN_LINE); the launcher's errors before this still reach the output.
+        "exec 2>/dev/null\n"
         "set -m\nshopt -s expand_aliases\n__dy_rc=0 __dy_seq=0\n"
+        # SIGINT trapped (not ignored: children get the default): a job that dies of SIGINT
+        # (an interrupt) ends the command's list or loop, as Ctrl-C in a terminal does, and
+        # the shell goes on; untrapped, a non-interactive bash exits as if sent SIGINT itself.
+        "trap '\\builtin :' INT\n"
         "declare -r __dy_shopt0=$BASHOPTS\n"
         + CHECK_FUNCTION
         + _FUNCTIONS

@@ -45,7 +45,7 @@ def limits() -> dict[str, int]:
 def check() -> None:
     """Raise :class:`OutOfResource` unless one more session fits, margins included."""
     open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    open_now = len(os.listdir("/proc/self/fd"))
+    open_now = open_fds()
     if open_now + FDS_PER_SESSION + FD_MARGIN > open_files:
         raise _out("fds", f"{open_now} of {open_files} file descriptors are open")
     pids_max = limits()["pids_max"]
@@ -79,6 +79,14 @@ def _exhausted(exc: BaseException) -> OutOfResource | None:
             return _out("fds", f"a descriptor could not be opened ({cause.strerror})")
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def open_fds() -> int:
+    """How many fds this process holds. Linux 6.2 and later give the count as the size of
+    ``/proc/self/fd``: one stat, where listing it (O(fds), ten thousand at a thousand sessions,
+    under the manager's lock) took a quarter of a session start at 600 sessions."""
+    counted = os.stat("/proc/self/fd").st_size
+    return counted if counted > 0 else len(os.listdir("/proc/self/fd"))
 
 
 def _out(what: str, detail: str) -> OutOfResource:

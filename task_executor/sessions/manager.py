@@ -9,8 +9,10 @@ through the same ``Grader`` as ``/task/submit``. Nothing here knows about HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import posixpath
 import threading
 import time
 import uuid
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sandbox_client.protocol import (
+    ExecRequest,
     ExecResult,
     FileWriteResult,
     FinishResult,
@@ -29,19 +32,27 @@ from sandbox_client.protocol import (
     SessionState,
     SnapshotInfo,
     TaskResult,
+    UploadResult,
     template_key,
 )
 from task_executor.config import Settings
-from task_executor.errors import Conflict, NotFound, OverCapacity
+from task_executor.errors import Conflict, NotFound, OverCapacity, Unavailable
 from task_executor.grading.grader import Grader, GradingJob
 from task_executor.workspaces.fsutil import remove_tree
 from task_executor.workspaces.workspace import Snapshot, Workspace, WorkspaceFactory
 
-from . import headroom
+from . import headroom, idle
+from .archive import check_archive
 from .capture import CapturedPatch, CaptureFailed, capture_patch
-from .files import FileBytes, read_file, write_file
+from .files import MAX_READ_BYTES, FileBytes, read_file, write_file
+from .modes import CallMode
+from .outside import SandboxFiles
 from .runner import SessionClosed as ShellClosed
-from .runner import ShellSession
+from .runner import ShellSession, ShellStartError
+
+MAX_SHELLS = 16
+"""Shells one session may hold ("default" included)."""
+DEFAULT_SHELL = "default"
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +74,21 @@ class Session:
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    named: dict[str, ShellSession] = field(default_factory=dict)
+    """The shells besides ``shell`` (the default one), by name."""
+
+    def all_shells(self) -> list[ShellSession]:
+        return [self.shell, *self.named.values()]
+
+    def shell_names(self) -> list[str]:
+        return [DEFAULT_SHELL, *sorted(self.named)]
+
+    def find_shell(self, name: str) -> ShellSession:
+        """The shell called ``name``: 404 shell_not_found if the session has none."""
+        shell = self.shell if name == DEFAULT_SHELL else self.named.get(name)
+        if shell is None:
+            raise NotFound(f"the session has no shell {name!r}", code="shell_not_found")
+        return shell
 
 
 class SessionManager:
@@ -140,7 +166,7 @@ class SessionManager:
             restore = (state, os.path.normpath(os.path.join(workspace.visible_path, relative_cwd)))
         return ShellSession(
             cwd=str(workspace.path),
-            env=workspace.sandbox_env(spec.env),
+            env=_session_env(workspace, spec.env),
             default_timeout=spec.command_timeout or self.settings.command_timeout,
             output_cap=self.settings.output_cap_bytes,
             launcher=workspace.launcher(deny_network),
@@ -152,7 +178,8 @@ class SessionManager:
         # A running command ends now rather than being waited out: DELETE runs on one of the
         # threads kept for short calls, which an agent's `sleep 300` must not hold. (The shell
         # closes safely under a running command; its exec answers that the session closed.)
-        session.shell.close()
+        for shell in session.all_shells():
+            shell.close()
         with session.lock:
             self._dispose(session)
 
@@ -190,7 +217,8 @@ class SessionManager:
             return
         session.closed = True
         try:
-            session.shell.close()
+            for shell in session.all_shells():
+                shell.close()
         finally:
             session.workspace.destroy()
         log.info("session %s closed", session.session_id)
@@ -218,21 +246,75 @@ class SessionManager:
         finally:
             session.lock.release()
 
-    def exec(self, session_id: str, command: str, timeout: float | None) -> ExecResult:
+    def exec(self, session_id: str, command: str, timeout: float | None,
+             request: ExecRequest | None = None) -> ExecResult:
+        """Run ``command`` in the shell (and mode: subshell, cwd, env, stderr) ``request``
+        names; a shell name not used yet starts a shell."""
+        request = request or ExecRequest(command=command)
         with self._using(session_id) as session:
-            result = session.shell.run(command, timeout=timeout)
+            shell = self._shell_for(session, request.shell)
+            mode = CallMode(
+                subshell=request.in_subshell,
+                cwd=None if request.cwd is None else posixpath.join(
+                    session.workspace.visible_path, request.cwd),
+                env=dict(request.env or {}),
+                separate_stderr=request.stderr == "separate",
+            )
+            result = shell.run(command, timeout=timeout, mode=mode)
         if result.timed_out:
             log.info("session %s: command timed out after %.1fs", session_id, result.duration_s)
         elif result.error is not None:
             log.warning("session %s: %s", session_id, result.error)
         return result
 
+    def _shell_for(self, session: Session, name: str) -> ShellSession:
+        """The named shell, started (in the tree, with the session's env) on first use."""
+        if name == DEFAULT_SHELL or name in session.named:
+            return session.find_shell(name)
+        if len(session.named) + 1 >= MAX_SHELLS:
+            raise Conflict(f"the session has {MAX_SHELLS} shells; close one first",
+                           code="too_many_shells")
+        try:
+            shell = self._shell(session.spec, session.workspace, session.deny_network)
+        except ShellStartError as exc:
+            # The workspace's limits, full of what its code left, can see to this: the session
+            # and its other shells go on; retry, or close a shell.
+            raise Unavailable(f"shell {name!r} could not be started: {exc}", retry_after=5,
+                              code="shell_start_failed") from None
+        session.named[name] = shell
+        return shell
+
+    def interrupt(self, session_id: str, shell_name: str) -> bool:
+        """Stop the command running in a shell; the shell and its state stay. Never waits
+        for the session's lock: the call it interrupts holds it."""
+        with self._guard:
+            session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+        return session.find_shell(shell_name).interrupt()
+
+    def close_shell(self, session_id: str, shell_name: str) -> None:
+        if shell_name == DEFAULT_SHELL:
+            raise Conflict("the default shell closes with the session",
+                           code="cannot_close_default_shell")
+        with self._using(session_id) as session:
+            session.find_shell(shell_name)
+            session.named.pop(shell_name).close()
+
     def read(self, session_id: str, path: str) -> FileBytes:
         with self._using(session_id) as session:
-            return read_file(session.workspace.path, self._tree_path(session, path), shown=path)
+            requested = self._tree_path(session, path)
+            if posixpath.isabs(requested):  # outside the tree: read in the sandbox
+                data = _files(session).read(requested, MAX_READ_BYTES)
+                return FileBytes(data=data, sha256=hashlib.sha256(data).hexdigest())
+            return read_file(session.workspace.path, requested, shown=path)
 
     def write(self, session_id: str, path: str, data: bytes) -> FileWriteResult:
         with self._using(session_id) as session:
+            requested = self._tree_path(session, path)
+            if posixpath.isabs(requested):  # outside the tree: written in the sandbox
+                _files(session).write(requested, data)
+                return FileWriteResult(size=len(data), sha256=hashlib.sha256(data).hexdigest())
             # The file and the parents made for it are created owned by the uid code under test
             # runs as (when one is configured), through the same fds that made them: a chown by
             # path afterwards would follow whatever the session swapped in meanwhile.
@@ -241,10 +323,19 @@ class SessionManager:
                 owner=self.workspaces.sandbox.owner, shown=path,
             )
 
+    def upload(self, session_id: str, directory: str, data: bytes) -> UploadResult:
+        """Extract a tar archive into ``directory`` (relative to the tree, or absolute) inside
+        the sandbox, as the sandbox user; its members are checked first (see ``archive``)."""
+        checked = check_archive(data, self.settings.max_body_bytes)
+        with self._using(session_id) as session:
+            target = posixpath.join(session.workspace.visible_path, directory)
+            _files(session).extract(target, checked.tar)
+        return UploadResult(files=checked.files, bytes=checked.bytes)
+
     @staticmethod
     def _tree_path(session: Session, path: str) -> str:
         """Absolute paths are the agent's view (the fixed path): map them onto the tree as a
-        relative path. Any other absolute path stays absolute, and is refused (403)."""
+        relative path. Any other absolute path stays absolute: it is reached in the sandbox."""
         visible = session.workspace.visible_path.rstrip("/")
         if path == visible or path.startswith(visible + "/"):
             return path[len(visible):].lstrip("/") or "."
@@ -259,13 +350,17 @@ class SessionManager:
                 cwd=session.shell.cwd(),
                 age_s=round(now - session.started, 3),
                 idle_s=round(now - session.last_used, 3),
-                commands_run=session.shell.commands_run,
+                commands_run=sum(shell.commands_run for shell in session.all_shells()),
+                shells=session.shell_names(),
+                stopped=all(shell.parked for shell in session.all_shells()),
             )
 
     def reset(self, session_id: str) -> SessionStartResult:
         """Back to the base state: the base tree (setup kept) and a fresh shell."""
         with self._using(session_id) as session:
-            session.shell.close()
+            for shell in session.all_shells():
+                shell.close()
+            session.named.clear()
             try:
                 session.workspace.reset()
                 session.shell = self._shell(session.spec, session.workspace, session.deny_network)
@@ -373,11 +468,15 @@ class SessionManager:
             # of all workspaces, which the capture's own cgroup draws on too. (Before the
             # capture had a group of its own, processes holding the workspace's pids limit made
             # every launch fail: a 503 retried forever.)
-            session.shell.stop_processes()
+            for shell in session.all_shells():
+                shell.stop_processes()
             if session.workspace.group is not None:
                 session.workspace.group.kill_all()  # escaped the shell's sweep: not the cgroup
             try:
-                captured: CapturedPatch | CaptureFailed = capture_patch(session.workspace)
+                captured: CapturedPatch | CaptureFailed = (
+                    CapturedPatch(patch=spec.patch) if spec.patch is not None
+                    else capture_patch(session.workspace, spec.exclude_paths)
+                )
             except CaptureFailed as exc:
                 captured = exc
             with self._guard:
@@ -401,9 +500,26 @@ class SessionManager:
             self._reaper.start()
 
     def _reap_idle_forever(self) -> None:
-        interval = min(30.0, max(0.2, self.settings.session_idle_timeout / 4))
+        shortest = min(self.settings.session_idle_timeout,
+                       self.settings.session_idle_stop or float("inf"))
+        interval = min(30.0, max(0.2, shortest / 4))
         while not self._stop.wait(interval):
             self.reap_idle()
+            self.stop_idle()
+
+    def stop_idle(self) -> int:
+        """Save and stop the shells of sessions idle past ``session_idle_stop`` (see
+        ``idle``); how many were stopped now. A session in a call is skipped."""
+        after = self.settings.session_idle_stop
+        if after is None:
+            return 0
+        with self._guard:  # named shells too: each is saved and stopped on its own
+            shells = [(shell, s.last_used) for s in self._sessions.values()
+                      for shell in s.all_shells()]
+        stopped = idle.park_idle(shells, after)
+        if stopped:
+            log.info("%d idle session shells saved and stopped", stopped)
+        return stopped
 
     def reap_idle(self) -> list[str]:
         """Close sessions idle past the timeout (busy ones are left alone); return their ids."""
@@ -430,6 +546,21 @@ class SessionManager:
             finally:
                 session.lock.release()
         return reaped
+
+
+def _session_env(workspace: Workspace, extra: dict[str, str]) -> dict[str, str]:
+    """The shells' environment: code under test's, with HOME at /root where the sandbox shows
+    the workspace's home there (``Sandbox.root_home``), as agent tools expect (unless the
+    spec sets HOME)."""
+    env = workspace.sandbox_env(extra)
+    home = workspace.factory.sandbox.root_home
+    if home is not None and "HOME" not in extra:
+        env["HOME"] = home
+    return env
+
+
+def _files(session: Session) -> SandboxFiles:
+    return SandboxFiles(session.workspace, session.deny_network)
 
 
 def _not_captured(job: GradingJob, failure: CaptureFailed) -> TaskResult:

@@ -14,6 +14,13 @@ the Sandman checklist (DESIGN.md, "Command runner"):
 * **Strict status frame** on a pipe of its own that the command cannot see; the command's text
   and the control line that runs it are described in :mod:`task_executor.framing`.
 
+Per call (:mod:`task_executor.sessions.modes`): a command may run in a subshell of the shell
+(stateless, with a cwd and env of its own), and its stderr may go to a pipe of its own, drained
+and capped like the output. :meth:`ShellSession.interrupt` (from another thread) stops the
+running command: SIGINT to the process groups it started, SIGKILL after a grace; the shell traps
+SIGINT, so it survives and the command's list or loop ends, as after Ctrl-C in a terminal (a
+loop in the shell itself, with no process to signal, is ended by recovering the shell).
+
 When the shell cannot be trusted any more (timeout, the shell exited or was killed, a bad frame,
 a failed liveness check) it is *recovered*: the shell is killed, so is every process started
 since the command began (SIGTERM, a short grace, SIGKILL until none is left; found by marker,
@@ -69,6 +76,7 @@ from task_executor.sandbox.output import CappedOutput
 
 from .framing import (
     RUN_LINE,
+    RUN_SEPARATE_LINE,
     TOO_OLD_STATUS,
     Frame,
     FrameError,
@@ -80,7 +88,9 @@ from .framing import (
     ping_line,
     restore_line,
 )
-from .syntax import REFUSED_STATUS, tidy_message
+from .idle import Parked, Parking, shell_chain
+from .modes import DEFAULT_MODE, CallMode, command_text
+from .syntax import REFUSED_STATUS, refusal_message, tidy_message
 
 KILL_GRACE_S = 0.5
 """Seconds between SIGTERM and SIGKILL when a command's processes are killed."""
@@ -121,7 +131,7 @@ class _Shell:
         return self.proc.pid
 
 
-class ShellSession:
+class ShellSession(Parking):
     """A persistent bash: run commands one at a time, each checked, framed, capped, killable.
 
     ``env`` is the shell's whole environment (nothing is inherited from the executor); the
@@ -156,19 +166,12 @@ class ShellSession:
         self._suspect = False
         self._sids: set[int] = set()
         self._shell: _Shell | None = None
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            fcntl.fcntl(out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
-            pass
-        os.set_blocking(out_r, False)
-        self._out_r, self._out_w = out_r, out_w
-        self._pipe_size = fcntl.fcntl(out_r, fcntl.F_GETPIPE_SZ)
-        self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
-        self._snap_fds = tuple(
-            _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC)) for _ in range(2)
-        )
-        self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
+        self._parked: Parked | None = None
+        self._running_since: int | None = None  # boot ticks at the running command's start
+        self._done = threading.Event()
+        self._interrupted = False
+        self._abandon = False
+        self._open_fds()
         try:
             if restore is None:
                 self._shell = self._spawn(cwd)
@@ -178,6 +181,35 @@ class ShellSession:
                     os.pwrite(fd, state, 0)
                 go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
                 self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open_fds(self) -> None:
+        """The output and stderr pipes, the interrupt's wake-up pipe and the memfds of the
+        protocol (all closed again if one fails)."""
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._err_r = self._err_w = self._wake_r = self._wake_w = -1
+        self._snap_fds: tuple[int, ...] = ()
+        try:
+            self._out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            self._out_w = _high_fd(out_w)
+            try:
+                fcntl.fcntl(self._out_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+                pass
+            os.set_blocking(self._out_r, False)
+            self._pipe_size = fcntl.fcntl(self._out_r, fcntl.F_GETPIPE_SZ)
+            # stderr on request (a pipe of its own), and the interrupt's wake-up of a waiting run.
+            self._err_r, err_w = os.pipe2(os.O_CLOEXEC)  # the command's end blocks, as stdout's
+            self._err_w = _high_fd(err_w)
+            os.set_blocking(self._err_r, False)
+            self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            self._cmd_fd = _high_fd(os.memfd_create("dockyard-cmd", os.MFD_CLOEXEC))
+            for _ in range(2):
+                state = _high_fd(os.memfd_create("dockyard-state", os.MFD_CLOEXEC))
+                self._snap_fds = (*self._snap_fds, state)
+            self._msg_fd = _high_fd(os.memfd_create("dockyard-check-messages", os.MFD_CLOEXEC))
         except BaseException:
             self._close_fds()
             raise
@@ -194,8 +226,11 @@ class ShellSession:
         """Value of :data:`~task_executor.reaper.MARKER_VAR` in every process of the session."""
         return self._marker
 
-    def run(self, command: str, timeout: float | None = None) -> ExecResult:
-        """Run one command; never raises for anything the command does."""
+    def run(
+        self, command: str, timeout: float | None = None, mode: CallMode = DEFAULT_MODE
+    ) -> ExecResult:
+        """Run one command (in a subshell, with stderr apart, as ``mode`` says); never raises
+        for anything the command does."""
         limit = self._default_timeout if timeout is None else timeout
         with self._lock:
             self._check_open()
@@ -208,10 +243,11 @@ class ShellSession:
                     duration_s=time.monotonic() - started,
                 )
             try:
+                self._unpark()
                 if self._suspect or not self._shell_running():
                     self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
-                result = self._run_locked(command, limit, started)
-            except ShellStartError as exc:
+                result = self._run_locked(command, limit, started, mode)
+            except (ShellStartError, OSError) as exc:  # OSError: no fd or process to restart
                 # The session's code can see to this (a workspace whose memory or process
                 # limit its own files and processes fill): an answer, never a 500; the next
                 # command tries again, and finish still captures and grades the tree.
@@ -230,19 +266,23 @@ class ShellSession:
         if not self._lock.acquire(blocking=False):
             return self._shell_running()
         try:
-            return self._ping(within)
+            return self.parked or self._ping(within)
         finally:
             self._lock.release()
 
     def cwd(self) -> str | None:
-        """The shell's current directory, or None if there is no live shell."""
-        return self._shell_cwd()
+        """The shell's current directory (a parked shell's, as it was parked), or None if
+        there is no live shell."""
+        return self._shell_cwd() or self._parked_cwd()
 
     def saved_state(self) -> bytes:
         """The shell state as of the last completed command (variables, exports, functions,
         aliases, shopt), in the form ``restore`` takes."""
         with self._lock:
             self._check_open()  # closed under a fork: its fds are gone, maybe reused
+            parked = self._parked_state()
+            if parked is not None:
+                return parked
             self._ping(within=2.0)  # answered once the last command's snapshot is written
             return self._latest_state()
 
@@ -250,6 +290,7 @@ class ShellSession:
         """Kill every process of the session and start a fresh shell; all state is lost."""
         with self._lock:
             self._check_open()
+            self._unpark()
             self._kill_everything()
             for fd in self._snap_fds:
                 os.ftruncate(fd, 0)
@@ -289,36 +330,87 @@ class ShellSession:
 
     # -- one command --------------------------------------------------------------------------
 
-    def _run_locked(self, command: str, limit: float, started: float) -> ExecResult:
+    def interrupt(self, grace: float = KILL_GRACE_S) -> bool:
+        """Stop the running command, keep the shell: SIGINT to the process groups it started,
+        SIGKILL to them after ``grace``, and when even that does not end it (a loop in the
+        shell itself), the shell is recovered from its saved state after another ``grace``.
+        The running :meth:`run` answers ``interrupted``. False when nothing was running.
+        Safe from another thread; never waits for the session's lock."""
+        since = self._running_since
+        if since is None or self._done.is_set():
+            return False
+        self._interrupted = True
+        for signum in (signal.SIGINT, signal.SIGKILL):
+            for pgid in self._command_groups(since):
+                try:
+                    os.killpg(pgid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self._done.wait(grace):
+                return True
+        self._abandon = True
+        os.write(self._wake_w, b"!")
+        return True
+
+    def _command_groups(self, since: int) -> set[int]:
+        """The process groups of the shell's children started by the running command (each
+        job has its own, under job control; the shell's group is never among them)."""
+        shell = self._shell
+        if shell is None:
+            return set()
+        bash = _innermost(shell.pid)
+        own = reaper.read_proc(bash)
+        groups = set()
+        for child in _children(bash):
+            info = reaper.read_proc(child)
+            if info is None or info.start_ticks < since:
+                continue  # a background job of an earlier command keeps running
+            if own is None or info.pgid != own.pgid:
+                groups.add(info.pgid)
+        return groups
+
+    def _run_locked(
+        self, command: str, limit: float, started: float, mode: CallMode = DEFAULT_MODE
+    ) -> ExecResult:
         shell = self._shell
         assert shell is not None
         out = CappedOutput(self._head, self._tail)
+        err = CappedOutput(self._head, self._tail) if mode.separate_stderr else None
         since = reaper.boot_ticks()
         nonce = secrets.token_hex(16)
-        _rewrite(self._cmd_fd, command_file(nonce, _encode(command)))
+        text, added_lines = command_text(command, mode)
+        _rewrite(self._cmd_fd, command_file(nonce, _encode(text)))
         exit_code: int | None = None
         error: str | None = None
         timed_out = False
+        self._drain_fd(self._wake_r, None, 64)
+        self._interrupted = self._abandon = False
+        self._done.clear()
+        self._running_since = since
         try:
-            self._send(RUN_LINE)
-            frame = self._await_frame(nonce, out, started + limit)
+            self._send(RUN_SEPARATE_LINE if err is not None else RUN_LINE)
+            frame = self._await_frame(nonce, out, started + limit, err)
             if frame is None:
-                timed_out = True
+                timed_out = not self._abandon
             elif frame.kind == "ready":
                 error = "invalid frame: a ping answer instead of a status"
             else:
                 self._drain(out, self._pipe_size)
-                text = out.text()
-                return ExecResult(
-                    exit_code=frame.status,
-                    output=tidy_message(text) if frame.kind == "refused" else text,
-                    truncated=out.truncated,
-                    output_bytes=out.total_bytes,
-                )
+                self._drain_fd(self._err_r, err if err is not None else out, self._pipe_size)
+                return self._answer(frame, out, err, added_lines)
         except FrameError as exc:
             error = str(exc)
         except _ShellGone:
             exit_code, error = self._exit_report(shell)
+        finally:
+            self._running_since = None
+            self._done.set()
+        if self._abandon:
+            error = "the command outlived its interrupt; the shell was restarted from its state"
+        elif self._interrupted and exit_code == 128 + signal.SIGINT:
+            # bash ends a list or loop whose job died of SIGINT as if it had been sent the
+            # signal itself (the rest of the list must not run): a non-interactive shell exits.
+            error = "interrupted; the shell was restarted from its state"
         self._recover(since=since, cwd=self._shell_cwd(), out=out)
         if self._closed:
             exit_code, error = None, "session closed while the command ran"
@@ -329,6 +421,27 @@ class ShellSession:
             output_bytes=out.total_bytes,
             timed_out=timed_out,
             error=error,
+            interrupted=self._interrupted,
+            **_stderr_fields(err),
+        )
+
+    def _answer(
+        self, frame: Frame, out: CappedOutput, err: CappedOutput | None, added_lines: int
+    ) -> ExecResult:
+        """The result of a command that framed its status (ran, or refused by the check)."""
+        text = out.text()
+        refused: dict[str, str] = {}
+        if frame.kind == "refused":
+            text = tidy_message(text, added_lines)
+            refused = {"not_run": "syntax_error", "syntax_error": refusal_message(text)}
+        return ExecResult(
+            exit_code=frame.status,
+            output=text,
+            truncated=out.truncated,
+            output_bytes=out.total_bytes,
+            interrupted=self._interrupted,
+            **refused,  # type: ignore[arg-type]
+            **_stderr_fields(err),
         )
 
     def _ping(self, within: float) -> bool:
@@ -361,13 +474,18 @@ class ShellSession:
         # `exit 3` typed by the agent: its status is the command's, the shell is restarted.
         return status, f"shell exited with status {status}; restarted"
 
-    def _await_frame(self, nonce: str, out: CappedOutput | None, deadline: float) -> Frame | None:
+    def _await_frame(
+        self, nonce: str, out: CappedOutput | None, deadline: float,
+        err: CappedOutput | None = None,
+    ) -> Frame | None:
         """Drain output into ``out`` until the frame arrives (returned) or the deadline (None).
 
         Raises FrameError for a bad frame and _ShellGone when the shell exits with no frame
         begun. Its exit is seen on a pidfd, not as the status pipe's end of file: a subshell
         forked into the background keeps a copy of the pipe (bash's saved copy of the fd).
-        With ``out`` None the output is left in the pipe (a ping between commands).
+        With ``out`` None the output is left in the pipe (a ping between commands). ``err``:
+        stderr is drained apart, into it. An interrupt that gave up on the command wakes the
+        wait, which then returns None as at the deadline.
         """
         shell = self._shell
         assert shell is not None
@@ -375,6 +493,8 @@ class ShellSession:
         poller = select.poll()
         poller.register(shell.status_fd, select.POLLIN)
         poller.register(shell.pid_fd, select.POLLIN)
+        if out is not None:
+            poller.register(self._wake_r, select.POLLIN)
         watch_output_at = None if out is None else time.monotonic() + _FRAME_FIRST_S
         while True:
             now = time.monotonic()
@@ -384,12 +504,22 @@ class ShellSession:
             if watch_output_at is not None:
                 if now >= watch_output_at:
                     poller.register(self._out_r, select.POLLIN)
+                    if err is not None:
+                        poller.register(self._err_r, select.POLLIN)
                     watch_output_at = None
                 else:
                     remaining = min(remaining, watch_output_at - now)
             for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
                 if fd == self._out_r:
                     self._drain(out, _READ_CHUNK)
+                    continue
+                if fd == self._err_r:
+                    self._drain_fd(self._err_r, err, _READ_CHUNK)
+                    continue
+                if fd == self._wake_r:
+                    self._drain_fd(self._wake_r, None, 64)
+                    if self._abandon:
+                        return None
                     continue
                 # Status bytes, or the shell's exit (then read what it wrote before dying).
                 frame = _read_status(shell.status_fd, parser)
@@ -402,10 +532,15 @@ class ShellSession:
     def _drain(self, out: CappedOutput | None, limit: int) -> None:
         """Read what the output pipe holds now, at most ``limit`` bytes (bounded even while a
         background job keeps writing)."""
+        self._drain_fd(self._out_r, out, limit)
+
+    @staticmethod
+    def _drain_fd(fd: int, out: CappedOutput | None, limit: int) -> None:
+        """Read what the pipe ``fd`` holds now, at most ``limit`` bytes, into ``out``."""
         taken = 0
         while taken < limit:
             try:
-                chunk = os.read(self._out_r, min(_READ_CHUNK, limit - taken))
+                chunk = os.read(fd, min(_READ_CHUNK, limit - taken))
             except BlockingIOError:
                 return
             if not chunk:
@@ -440,10 +575,11 @@ class ShellSession:
                 ["bash", "--noprofile", "--norc"],
                 stdin=subprocess.PIPE,
                 stdout=self._out_w,
-                stderr=self._out_w,
+                stderr=self._out_w,  # the launcher's own errors; bash's is /dev/null (framing)
                 cwd=cwd,
                 env=self._env,
-                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd),
+                pass_fds=(child_w, self._cmd_fd, *self._snap_fds, self._msg_fd, self._out_w,
+                          self._err_w),
                 start_new_session=True,
             )
         except BaseException:
@@ -480,16 +616,19 @@ class ShellSession:
     def _recover(self, since: int, cwd: str | None, out: CappedOutput | None = None) -> None:
         """Kill the shell and what the current command started; start a shell with the saved
         state, in ``cwd`` (None: the cwd the saved state recorded)."""
+        within = self._within()  # its tree, read while the shell still holds it together
         if self._shell is not None:
             _kill_now(self._shell)
             self._shell = None
         if self._closed:
             return
         reaper.kill(
-            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since),
+            reaper.Target(marker=self._marker, sids=self._sids, started_at_or_after=since,
+                          within=within),
             grace=KILL_GRACE_S,
         )
         self._drain(out, self._pipe_size)
+        self._drain_fd(self._err_r, out, self._pipe_size)
         snapshot = self._latest_state()
         if cwd is not None:
             go = b"builtin cd -- " + shlex.quote(cwd).encode("utf-8", "surrogateescape")
@@ -502,14 +641,25 @@ class ShellSession:
         self._shell = self._spawn(start_in, snapshot + b"\n" + go + b"\n", out)
 
     def _kill_everything(self) -> None:
+        within = self._within()  # read before the shell's death scatters its tree
         if self._shell is not None:
             _kill_now(self._shell)
             self._shell = None
-        self._sweep(grace=KILL_GRACE_S)
+        self._sweep(grace=KILL_GRACE_S, within=within)
 
-    def _sweep(self, grace: float) -> None:
+    def _sweep(self, grace: float, within: reaper.Finder | None = None) -> None:
         """Kill every process of the session: marked, or in any session a shell of ours led."""
-        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids)), grace=grace)
+        reaper.kill(reaper.Target(marker=self._marker, sids=set(self._sids),
+                                  within=within or self._within()), grace=grace)
+
+    def _within(self) -> reaper.Finder | None:
+        """Where the session's processes are: below its shells, when the launcher confines
+        them to a PID namespace (a scan of all /proc grew with every live session)."""
+        if not self._launcher.confined:
+            return None
+        within = reaper.tree_of(self._sids)
+        within()  # seen now: the shell's tree before a kill scatters it
+        return within
 
     def _shell_running(self) -> bool:
         """The shell process exists and is neither a zombie nor stopped."""
@@ -542,6 +692,8 @@ class ShellSession:
             command=self._cmd_fd,
             snapshots=self._snap_fds,
             messages=self._msg_fd,
+            output=self._out_w,
+            stderr=self._err_w,
         )
 
     def _latest_state(self) -> bytes:
@@ -552,11 +704,29 @@ class ShellSession:
             raise SessionClosed("the shell session is closed")
 
     def _close_fds(self) -> None:
-        for fd in (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd):
+        """Close the runner's fds once: a number closed twice may by then be another
+        session's (a parked shell's are closed already)."""
+        fds = (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd,
+               self._err_r, self._err_w, self._wake_r, self._wake_w)
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._err_r = self._err_w = self._wake_r = self._wake_w = -1
+        self._snap_fds = ()
+        for fd in fds:
+            if fd < 0:
+                continue
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def _shell_pids(self) -> set[int]:
+        return shell_chain(self._shell.pid) if self._shell_running() and self._shell else set()
+
+    def _session_pids(self) -> set[int]:
+        within = self._within()
+        if within is not None:  # every process below the shells, whatever it claims
+            return set(within())
+        return {p.pid for p in reaper.find(reaper.Target(marker=self._marker, sids=self._sids))}
 
 
 def _kill_now(shell: _Shell) -> None:
@@ -595,6 +765,28 @@ def _read_status(fd: int, parser: FrameParser) -> Frame | None:
             parser.finish()
             raise _ShellGone
         frame = parser.feed(chunk)
+
+
+def _stderr_fields(err: CappedOutput | None) -> dict[str, object]:
+    """The result's stderr fields: none unless stderr was asked for apart."""
+    if err is None:
+        return {}
+    return {"stderr": err.text(), "stderr_bytes": err.total_bytes}
+
+
+def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (every thread's)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def _innermost(pid: int) -> int:

@@ -42,6 +42,9 @@ CHECK_LINE = "builtin set -n"
 """The first line of the file ``__dy_check`` reads, before the command (a comment may follow
 it on that line; the session strips the line before running the command)."""
 
+NOT_RUN_LINE = "dockyard: not run: bash cannot parse the whole command"
+"""The last line of a refused command's output (the text marker older clients look for)."""
+
 CHECK_FUNCTION = r"""
 __dy_parse() { local -; builtin set +e +o posix; builtin source "$1"; }
 __dy_check() {
@@ -50,13 +53,13 @@ __dy_check() {
   [[ ! -s $2 ]] || IFS= builtin read -r -d '' __dy_msg <"$2" || builtin true
   if [[ $__dy_chk != 0 || $__dy_msg == *'delimited by end-of-file'* ]]; then
     builtin printf '%s\n%s\n' "${__dy_msg%$'\n'}" \
-      'dockyard: not run: bash cannot parse the whole command'
+      '@NOT_RUN@'
     return 2
   fi
   [[ -z $__dy_msg ]] || builtin printf '%s' "$__dy_msg"
   return 0
 }
-"""
+""".replace("@NOT_RUN@", NOT_RUN_LINE)
 """Defines ``__dy_check FILE MESSAGES``: FILE holds :data:`CHECK_LINE` then the command,
 MESSAGES is a file bash's messages are written to; prints them, and returns 2 when bash refuses
 the command."""
@@ -66,14 +69,20 @@ _MESSAGE = re.compile(
 )
 
 
-def _renumber(match: re.Match[str]) -> str:
-    line = f"bash: line {max(int(match.group(1)) - 1, 1)}: "
+def _renumber(match: re.Match[str], shift: int) -> str:
+    line = f"bash: line {max(int(match.group(1)) - shift, 1)}: "
     if match.group(2) is None:
         return line
-    return f"{line}{match.group(2)}{max(int(match.group(3)) - 1, 1)}"
+    return f"{line}{match.group(2)}{max(int(match.group(3)) - shift, 1)}"
 
 
-def tidy_message(text: str) -> str:
+def tidy_message(text: str, added_lines: int = 0) -> str:
     """Make the checker's messages read as bash's own for the command: ``bash: line N: ...``
-    with N counted in the command (the file had the extra ``set -n`` line first)."""
-    return _MESSAGE.sub(_renumber, text)
+    with N counted in the command (the file had the extra ``set -n`` line first, and
+    ``added_lines`` of a subshell's prologue)."""
+    return _MESSAGE.sub(lambda match: _renumber(match, 1 + added_lines), text)
+
+
+def refusal_message(tidied: str) -> str:
+    """bash's own message in a refused command's (tidied) output, without the marker line."""
+    return tidied.replace(NOT_RUN_LINE, "").strip("\n")

@@ -128,8 +128,10 @@ def test_refusals_never_name_a_host_path(executor, demo_task, outside):
         ("GET", f"{workdir}/out/outside.txt", "file_not_found"),
         ("GET", f"{workdir}/fifo", "not_a_regular_file"),
         ("GET", f"{workdir}/../etc/passwd", "path_outside_workspace"),
-        ("GET", str(outside), "path_outside_workspace"),
-        ("PUT", "/etc/passwd", "path_outside_workspace"),
+        # Absolute paths outside the tree are the sandbox's view (issue 25): the host root
+        # is read-only there.
+        ("PUT", str(outside), "path_not_writable"),
+        ("PUT", "/etc/passwd", "path_not_writable"),
         ("GET", f"{workdir}/calc", "is_a_directory"),
         ("GET", "nope/../../x", "path_outside_workspace"),
     ]
@@ -143,6 +145,9 @@ def test_refusals_never_name_a_host_path(executor, demo_task, outside):
     assert executor.put(f"/session/{sid}/file?path={workdir}/new.txt", data=b"v").status_code == 200
     assert executor.get(f"/session/{sid}/file?path={workdir}/new.txt").content == b"v"
     assert outside.read_bytes() == SECRET
+    # Read, it is what the sandboxed shell itself sees there, no more.
+    seen = _exec(executor, sid, f"cat {outside}")["output"].encode()
+    assert executor.get(f"/session/{sid}/file", params={"path": str(outside)}).content == seen
     _still_usable(executor, sid)
 
 

@@ -310,7 +310,17 @@ def test_protocol_functions_and_fds_cannot_be_redefined(shell: ShellSession) -> 
         assert shell.run("echo a").output == "a\n", attempt
 
 
-@pytest.mark.parametrize("name", ["eval", "local", "builtin"])
+def test_a_function_named_eval_changes_nothing(shell: ShellSession) -> None:
+    # The protocol calls eval through `builtin`; the function is the agent's own business.
+    shell.run("export KEPT=1")
+    defined = shell.run("eval() { echo mine; }", timeout=1.0)
+    after = shell.run("echo a", timeout=1.0)
+    assert not defined.timed_out and after.output == "a\n" and not after.timed_out
+    assert shell.run("eval echo x").output == "mine\n"
+    assert shell.run("echo $KEPT").output == "1\n"
+
+
+@pytest.mark.parametrize("name", ["local", "builtin"])
 def test_a_function_shadowing_what_the_protocol_runs_costs_one_timeout(
     shell: ShellSession, name: str
 ) -> None:
@@ -318,7 +328,7 @@ def test_a_function_shadowing_what_the_protocol_runs_costs_one_timeout(
     # command timed out, across recoveries; a recovery now drops it.
     shell.run("export KEPT=1")
     defined = shell.run(f"{name}() {{ :; }}", timeout=1.0)  # `builtin` stops this one's frame
-    after = shell.run("echo a", timeout=1.0)  # `eval` and `local` stop this one's
+    after = shell.run("echo a", timeout=1.0)  # `local` stops this one's
     assert [defined.timed_out, after.timed_out].count(True) == 1
     assert shell.run("echo $KEPT").output == "1\n"
     assert shell.run(f"type -t {name}").output == "builtin\n"

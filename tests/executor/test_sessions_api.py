@@ -124,12 +124,21 @@ def test_paths_outside_the_workspace_are_refused(executor, demo_task, tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("secret")
     _exec(executor, sid, f"ln -s {tmp_path} escape && ln -s {outside} link.txt")
-    for path in ["../../../etc/passwd", "/etc/passwd", "calc/../../x", str(outside)]:
+    for path in ["../../../etc/passwd", "calc/../../x"]:
         read = executor.get(f"/session/{sid}/file", params={"path": path})
         assert read.status_code == 403, path
         assert read.json()["error"]["code"] == "path_outside_workspace"
         wrote = executor.put(f"/session/{sid}/file", params={"path": path}, data=b"x")
         assert wrote.status_code == 403, path
+    # An absolute path outside the tree is the sandbox's own (issue 25), never the host's:
+    # the host's file is not there, and a write lands in the sandbox's private /tmp.
+    assert executor.get(f"/session/{sid}/file", params={"path": str(outside)}).status_code == 404
+    assert executor.put(f"/session/{sid}/file", params={"path": str(outside)},
+                        data=b"x").status_code == 200
+    assert _exec(executor, sid, f"cat {outside}")["output"] == "x"
+    refused = executor.put(f"/session/{sid}/file", params={"path": "/etc/passwd"}, data=b"x")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "path_not_writable"
     # Symlinks are resolved inside the tree (as if it were /), so one pointing out finds nothing
     # there; a symlink as the file itself is never followed (tests/executor/test_file_attacks.py).
     codes = {

@@ -1,4 +1,5 @@
-"""Session routes: start, exec, file read/write, reset, state, finish, close."""
+"""Session routes: start, exec, interrupt, shells, file read/write, upload, reset, state,
+finish, close."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from sandbox_client.protocol import (
     FinishResult,
     FinishSpec,
     ForkRequest,
+    InterruptRequest,
+    InterruptResult,
     SessionClosed,
     SessionStartSpec,
+    ShellClosed,
     SnapshotRequest,
 )
 from task_executor.errors import InvalidRequest
@@ -53,11 +57,25 @@ def start() -> dict:
 def exec_command(session_id: str) -> Response:
     body = parse_body(ExecRequest)
     with _long_call():
-        result = _services().sessions.exec(session_id, body.command, body.timeout)
+        result = _services().sessions.exec(session_id, body.command, body.timeout, body)
     observe_exec(result)
     # The hot path: pydantic's serializer writes the JSON directly, a third of the time of
     # model_dump() + Flask's encoder.
     return Response(result.model_dump_json(), mimetype="application/json")
+
+
+@blueprint.post("/<session_id>/interrupt")
+def interrupt(session_id: str) -> dict:
+    # A short call: it must get through while the exec it stops holds a long-call slot.
+    body = parse_body(InterruptRequest) if request.get_data() else InterruptRequest()
+    stopped = _services().sessions.interrupt(session_id, body.shell)
+    return InterruptResult(interrupted=stopped).model_dump(mode="json")
+
+
+@blueprint.delete("/<session_id>/shell/<name>")
+def close_shell(session_id: str, name: str) -> dict:
+    _services().sessions.close_shell(session_id, name)
+    return ShellClosed(session_id=session_id, shell=name).model_dump(mode="json")
 
 
 @blueprint.get("/<session_id>/file")
@@ -74,6 +92,16 @@ def write_file(session_id: str) -> dict:
     path = _path_argument()
     data = request.get_data(cache=False)
     return _services().sessions.write(session_id, path, data).model_dump(mode="json")
+
+
+@blueprint.post("/<session_id>/upload")
+def upload(session_id: str) -> dict:
+    path = _path_argument()
+    data = request.get_data(cache=False)
+    if not data:
+        raise InvalidRequest("the body is empty; a tar archive is expected", code="empty_body")
+    with _long_call():
+        return _services().sessions.upload(session_id, path, data).model_dump(mode="json")
 
 
 @blueprint.post("/<session_id>/reset")
