@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from ..client import SandboxClient
 from ..protocol import ExecResult, FinishResult, FinishSpec
 from ..session import RemoteSession
-from .sessions import exec_in, open_session
+from .sessions import open_session
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -86,9 +86,8 @@ class DockyardEnvironment:
         """Run ``action["command"]`` (a bare string is accepted too, as mini 1.x passed it)."""
         command = action if isinstance(action, str) else str(action.get("command", ""))
         limit = timeout or self.config.timeout
-        result = exec_in(self.session, command, timeout=limit,
-                         cwd=cwd or self.config.cwd or None, env=self._env() or None,
-                         stateless=True)
+        result = self.session.exec(command, limit, cwd=cwd or self.config.cwd or None,
+                                   env=self._env() or None, stateless=True)
         output = _output(command, limit, result)
         self._check_finished(output)
         return output

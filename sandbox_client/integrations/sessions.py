@@ -7,8 +7,6 @@ and a token to build that client from. What the adapter started, it closes.
 
 from __future__ import annotations
 
-import inspect
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,24 +57,3 @@ def open_session(
         raise
     return OpenedSession(started, owns_session=True, own_client=own)
 
-
-def exec_in(session: RemoteSession, command: str, *, timeout: float | None, **fields: Any) -> Any:
-    """``session.exec`` with the per-call fields of issue #25 (``cwd``, ``env``, ``stateless``,
-    ``shell``, ``stderr``). Interim, while this package's ``RemoteSession`` predates them (the
-    client and the adapters ship together, so delete the fallback once it has them): the
-    stateless call becomes a subshell of the default shell (``cd`` and ``export`` inside it;
-    same semantics; stderr stays merged), and what cannot be emulated (named shells) is a clear
-    error."""
-    wanted = {key: value for key, value in fields.items() if value not in (None, False)}
-    if "cwd" in inspect.signature(session.exec).parameters:
-        return session.exec(command, timeout, **wanted)
-    if wanted.get("shell", "default") != "default":
-        raise NotImplementedError("named shells need an executor and client with issue #25")
-    if not ({"cwd", "env", "stateless"} & set(wanted)):
-        return session.exec(command, timeout)
-    prelude = "".join(f"export {name}={shlex.quote(value)}\n"
-                      for name, value in (wanted.get("env") or {}).items())
-    if wanted.get("cwd"):
-        prelude = f"cd -- {shlex.quote(wanted['cwd'])} || exit 1\n" + prelude
-    # ":" first: a subshell may not be empty, and an empty command must still succeed.
-    return session.exec(f"(\n{prelude}:\n{command}\n)", timeout)

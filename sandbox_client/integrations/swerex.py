@@ -78,7 +78,7 @@ from ..client import SandboxClient
 from ..errors import ExecutorRejected, TaskExecutorError
 from ..protocol import ExecResult
 from ..session import RemoteSession
-from .sessions import OpenedSession, exec_in, open_session
+from .sessions import OpenedSession, open_session
 
 T = TypeVar("T")
 
@@ -166,8 +166,7 @@ class DockyardRuntime(AbstractRuntime):
             raise CommandTimeoutError(
                 f"Timeout ({command.timeout}s) exceeded while running command"
             )
-        # getattr: a client from before issue #25 has no separate stderr (it stays in stdout).
-        response = CommandResponse(stdout=result.output, stderr=getattr(result, "stderr", "") or "",
+        response = CommandResponse(stdout=result.output, stderr=result.stderr or "",
                                    exit_code=result.exit_code)
         if command.check and result.exit_code != 0:
             message = (f"Command {command.command!r} failed with exit code {result.exit_code}. "
@@ -216,7 +215,7 @@ class DockyardRuntime(AbstractRuntime):
                     **fields: Any) -> ExecResult:
         def run() -> ExecResult:
             with self._lock(shell):
-                return exec_in(self.session, command, timeout=timeout, shell=shell, **fields)
+                return self.session.exec(command, timeout, shell=shell, **fields)
 
         return await asyncio.to_thread(run)
 
@@ -227,8 +226,8 @@ class DockyardRuntime(AbstractRuntime):
 
 def _observation(action: BashAction, result: ExecResult) -> BashObservation:
     """SWE-ReX's observation (or exception) for one exec in a shell."""
-    if getattr(result, "not_run", None) == "syntax_error":
-        stderr = getattr(result, "syntax_error", None) or result.output
+    if result.not_run == "syntax_error":
+        stderr = result.syntax_error or result.output
         raise BashIncorrectSyntaxError(
             f"Error while checking bash command \n{action.command!r}\n---- Stderr ----\n{stderr}",
             extra_info={"bash_stdout": "", "bash_stderr": stderr},
