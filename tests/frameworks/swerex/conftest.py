@@ -34,9 +34,6 @@ UNSUPPORTED = {
     "test_run_in_shell_interactive_command_timeout": "no terminal to drive a REPL through",
     "test_interrupt_pager": "without a terminal `less` exits at once, and Dockyard kills a "
                             "timed-out command itself, so SWE-ReX's `kill %1` output never shows",
-    # Not by design: an executor defect, asked of its owner (session-API brief, REQUESTS 7).
-    # Strict, so the fix shows up as an XPASS to remove this line.
-    "test_empty_command": "the executor refuses a stateless empty command as a syntax error",
 }
 
 
