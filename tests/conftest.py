@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +25,9 @@ from tests.images import task_images  # noqa: E402,F401 -- a fixture, shared by 
 FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
@@ -37,6 +42,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if os.geteuid() == 0:
         executor_namespace.enter_private()
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        # A temporary root of this run's own: pytest makes /tmp/pytest-of-<user> 0700 again at
+        # every session's start (another suite on the machine, or each pytest-xdist worker), and
+        # the sandbox uid must pass through it to reach an executor's base dir.
+        base = Path(tempfile.gettempdir()) / f"dockyard-pytest-{os.getpid()}"
+        config.option.basetemp = str(base)
+        config.stash[_OWN_BASETEMP] = base
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    base = config.stash.get(_OWN_BASETEMP, None)
+    if base is not None:
+        from task_executor.service.lifecycle import unmount_under
+
+        unmount_under(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
