@@ -38,6 +38,8 @@ def make_image_root(path: Path) -> str:
         if (Path("/") / link).is_symlink():
             (path / link).symlink_to(f"usr/{link}")
     (path / "etc").mkdir()
+    (path / "root").mkdir(mode=0o700)  # as a container image's root home
+    (path / "root/.image-profile").write_text("from the image\n")
     for name in ETC_FILES:
         source = Path("/etc") / name
         if source.is_dir():

@@ -86,13 +86,20 @@ class Sandbox:
     def active(self) -> bool:
         return self.capabilities.sandbox
 
+    has_root_home: bool = True
+    """The root shown has a ``/root`` to mount the workspace's home on (the host's does; a task
+    image usually does, as SWE-bench's do; an image without one keeps its home at /tmp/home)."""
+    home_is_layer: bool = False
+    """``/root`` is a copy-on-write runtime layer (a task image's own home, see ``services``):
+    the workspace's empty home is not mounted over it."""
+
     @property
     def root_home(self) -> str | None:
         """Where code under test running as root inside finds the workspace's home (also
-        /tmp/home): writable, gone with the workspace, the host's /root never shown (SWE-agent
-        installs tools under /root/tools). None without a sandbox, for another user, or over
-        an image's root, which may have no /root to mount on (its home stays /tmp/home)."""
-        if not self.active or self.run_as is not None or self.root != "host":
+        /tmp/home): writable, gone with the workspace, the host's or the image's /root never
+        shown (SWE-agent installs tools under /root/tools). None without a sandbox, for another
+        user, or over a root with no /root to mount on."""
+        if not self.active or self.run_as is not None or not self.has_root_home:
             return None
         return ROOT_HOME
 
@@ -178,7 +185,7 @@ class Sandbox:
             argv += ["--remount-ro", CGROUP_ROOT]
         if tmp is not None:
             argv += ["--bind", str(tmp), "/tmp"]
-            if self.root_home is not None:
+            if self.root_home is not None and not self.home_is_layer:
                 argv += ["--bind", str(tmp / "home"), self.root_home]
         argv += ["--bind", str(tree), fixed]
         for bind in binds:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -116,6 +116,12 @@ class Services:
                 f"--image-root needs the sandbox to show it as the root, and there is none: "
                 f"{capabilities.missing.get('sandbox', 'unknown reason')}")
         fixed_path = isolation.prepare_fixed_path(settings.fixed_path, capabilities)
+        runtime_dirs = settings.runtime_dirs
+        if settings.image_root is not None and (settings.image_root / "root").is_dir() and (
+                "/root" not in runtime_dirs):
+            # The image's own /root, copy-on-write per workspace as /usr/local is: its
+            # .bashrc (conda's activation in SWE-bench's images) stays, and tools go in.
+            runtime_dirs = (*runtime_dirs, "/root")
         # An image's root holds none of the host's paths: nothing of the executor's to hide
         # (hiding its namesakes, /opt/venv say, would take the image's own away).
         hide = () if settings.image_root is not None else isolation.hidden_paths(
@@ -123,7 +129,7 @@ class Services:
         if capabilities.sandbox:
             view = build_host_view(
                 settings.base_dir / "view", settings.base_dir, hide,
-                keep_hiding_below=settings.runtime_dirs,
+                keep_hiding_below=runtime_dirs,
                 mount_points=(*PRIVATE_TOP_MOUNTS, *([fixed_path] if fixed_path else [])),
                 root=settings.image_root or Path("/"),
             )
@@ -145,6 +151,7 @@ class Services:
             seccomp_filter=seccomp_filter(settings.base_dir, capabilities),
             root="host" if settings.image_root is None else "image",
             cgroup_tree=(Path(settings.image_root or "/") / "sys/fs/cgroup").is_dir(),
+            has_root_home=(Path(settings.image_root or "/") / "root").is_dir(),
         )
         executor_id = owner_token(settings.base_dir)
         groups = None
@@ -159,11 +166,13 @@ class Services:
             make_groups().remove_all()  # what a crashed predecessor left
             groups = make_groups()
         runtime = None
-        if capabilities.idmap and capabilities.overlay and settings.runtime_dirs:
+        if capabilities.idmap and capabilities.overlay and runtime_dirs:
             assert capabilities.sandbox_uid is not None
-            runtime = RuntimeLayers(settings.base_dir / "runtime", settings.runtime_dirs,
+            runtime = RuntimeLayers(settings.base_dir / "runtime", runtime_dirs,
                                     capabilities.sandbox_uid,
                                     source_root=settings.image_root or Path("/"))
+            if "/root" in runtime.directories:  # the home is that layer, not an empty one
+                sandbox = replace(sandbox, home_is_layer=True)
         namespaces = None
         if capabilities.sandbox:
             try:  # last: the clean namespace copies every mount made above

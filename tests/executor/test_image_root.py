@@ -114,6 +114,25 @@ def test_a_session_sees_the_image_and_a_plain_one_the_host(
     assert "No such file" in seen
 
 
+def test_the_images_root_home_is_writable_per_session_and_the_image_untouched(
+    image_root: ImageRoot, image_executor: RunningExecutor, demo_task: DemoTask,
+) -> None:
+    """SWE-agent installs its tools under /root/tools in the task image."""
+    first = _start(image_executor, demo_task, IMAGE)
+    second = _start(image_executor, demo_task, IMAGE)
+    tool = "/root/tools/bin/dockyard-tool"
+    made = _run(image_executor, first, "mkdir -p /root/tools/bin && printf '#!/bin/sh\\necho "
+                f"tool-ran\\n' > {tool} && chmod +x {tool} && {tool} && echo $HOME")
+    assert made.split() == ["tool-ran", "/root"], made
+    assert "No such file" in _run(image_executor, second, f"ls {tool}")
+    assert not (image_root.path / "root/tools").exists()
+    # The image's own home is there, copy-on-write (conda's activation lives in its .bashrc).
+    assert "from the image" in _run(image_executor, first, "cat /root/.image-profile")
+    _run(image_executor, first, "echo changed > /root/.image-profile")
+    assert "from the image" in _run(image_executor, second, "cat /root/.image-profile")
+    assert (image_root.path / "root/.image-profile").read_text() == "from the image\n"
+
+
 def test_usr_local_is_copy_on_write_per_session(
     image_root: ImageRoot, image_executor: RunningExecutor, demo_task: DemoTask,
 ) -> None:
