@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -50,17 +51,31 @@ def remove_tree(path: Path) -> None:
     subprocess.run(["find", str(path), "-type", "d", "!", "-perm", "-u=rwx",
                     "-execdir", "chmod", "u+rwx", "--", "{}", ";"],
                    stdin=subprocess.DEVNULL, capture_output=True, env=_TOOLS_ENV, check=False)
-    if not _rm(path):
-        log.warning("could not remove %s entirely", path)
+    for attempt in range(5):
+        removed, said = _rm_saying(path)
+        if removed:
+            return
+        if "not empty" not in said:
+            break
+        # A process of the tree's that the kill has not reaped yet may still be writing in it
+        # (a loaded machine left one workspace behind, "Directory not empty"): try again.
+        time.sleep(0.1 * (attempt + 1))
+    log.warning("could not remove %s entirely: %s", path, said.strip())
 
 
 def _rm(path: Path) -> bool:
     """``rm -rf``: whether nothing is left."""
+    return _rm_saying(path)[0]
+
+
+def _rm_saying(path: Path) -> tuple[bool, str]:
+    """``rm -rf``: whether nothing is left, and what rm said."""
     proc = subprocess.run(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,
                           capture_output=True, env=_TOOLS_ENV, check=False)
-    if proc.returncode != 0:
-        log.debug("rm -rf %s: %s", path, proc.stderr.decode("utf-8", "replace")[-500:])
-    return not os.path.lexists(path)
+    said = proc.stderr.decode("utf-8", "replace")[-500:] if proc.returncode != 0 else ""
+    if said:
+        log.debug("rm -rf %s: %s", path, said)
+    return not os.path.lexists(path), said
 
 
 def copy_tree(source: Path, target: Path, reflink: bool) -> None:
