@@ -54,6 +54,19 @@ def remove_tree(path: Path) -> None:
         log.warning("could not remove %s entirely", path)
 
 
+def remove_trees(paths: list[Path], batch: int = 500) -> None:
+    """Remove many trees with one ``rm -rf`` per ``batch`` of them (at shutdown, 10,000 session
+    trees were 10,000 processes); any tree still there afterwards goes through
+    :func:`remove_tree`, which opens up what the code under test locked."""
+    for start in range(0, len(paths), batch):
+        subprocess.run(["rm", "-rf", "--", *map(str, paths[start:start + batch])],
+                       stdin=subprocess.DEVNULL, capture_output=True, env=_TOOLS_ENV,
+                       check=False)
+    for path in paths:
+        if os.path.lexists(path):
+            remove_tree(path)
+
+
 def _rm(path: Path) -> bool:
     """``rm -rf``: whether nothing is left."""
     proc = subprocess.run(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,

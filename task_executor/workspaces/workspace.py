@@ -16,8 +16,10 @@ All three give the same verdicts; only speed and isolation differ, and ``/health
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -36,7 +38,7 @@ from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
 from task_executor.sandbox.namespaces import Launcher, LaunchNamespaces, MountNamespace
 
 from .artifacts import setup_artifacts
-from .fsutil import CopyFailed, copy_over, copy_tree, remove_tree, tree_bytes
+from .fsutil import CopyFailed, copy_over, copy_tree, remove_tree, remove_trees, tree_bytes
 from .gitcmd import git
 from .mirrors import MirrorCache
 from .report import sandbox_report
@@ -137,6 +139,20 @@ class Workspace:
 
     def snapshot(self, target: Path) -> Snapshot:
         return self.factory.snapshot(self, target)
+
+
+def _kill_groups(groups: list[Group], timeout: float = 10.0) -> None:
+    """SIGKILL every process in ``groups`` until they are empty, all groups in each pass (one
+    by one, each waiting for its own group to empty, 10,000 live sessions waited 10,000 times)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = set().union(*(group.pids() for group in groups))
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 class WorkspaceFactory:
@@ -380,6 +396,41 @@ class WorkspaceFactory:
         self.mirrors.unpin(workspace.mirror)
         if workspace.template is not None and self.templates is not None:
             self.templates.release(workspace.template)
+
+    def kill_processes(self, workspaces: list[Workspace]) -> None:
+        """Kill every process of these workspaces at once, through their cgroups."""
+        _kill_groups([w.group for w in workspaces if w.group is not None])
+
+    def destroy_all(self, workspaces: list[Workspace]) -> None:
+        """Destroy many workspaces at once, at shutdown: one by one, 10,000 took 157 s, each
+        unmount paying for the thousands of mounts beside it (issue 24).
+
+        Every process in their cgroups is killed in one pass; each launch namespace is let go
+        (with no process left in it, its copies of the mounts go with it, so nothing propagates
+        there any more); each holder is detached with everything mounted below it in one call;
+        the trees go in a few ``rm -rf``; then the empty groups.
+        """
+        with self._lock:
+            mine = [w for w in workspaces if not w.destroyed]
+            for workspace in mine:
+                workspace.destroyed = True
+        groups = [w.group for w in mine if w.group is not None]
+        _kill_groups(groups)  # again: a shell closed meanwhile cannot have started anything
+        for workspace in mine:
+            if workspace.namespace is not None:
+                workspace.namespace.close()
+                unmount(workspace.root)  # bound on itself: everything below goes along, lazily
+            else:
+                self._unmount_all(workspace)
+                if os.path.ismount(workspace.rw):
+                    unmount(workspace.rw)
+        remove_trees([w.root for w in mine])
+        for group in groups:
+            group.remove()
+        for workspace in mine:
+            self.mirrors.unpin(workspace.mirror)
+            if workspace.template is not None and self.templates is not None:
+                self.templates.release(workspace.template)
 
     # ------------------------------------------------------------------ reset / snapshot
 
