@@ -34,7 +34,7 @@ from task_executor.sandbox.capabilities import Capabilities
 from task_executor.sandbox.cgroups import Group, Groups
 from task_executor.sandbox.command import run_command
 from task_executor.sandbox.isolation import Bind, Sandbox
-from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
+from task_executor.sandbox.mounts import bind, mount_overlay, mount_tmpfs, unmount
 from task_executor.sandbox.namespaces import Launcher, LaunchNamespaces, MountNamespace
 
 from .artifacts import setup_artifacts
@@ -46,6 +46,10 @@ from .runtime import RuntimeLayers
 from .templates import Template, TemplateCache
 
 log = logging.getLogger(__name__)
+
+BUCKET_PREFIX = "holders-"
+"""Workspaces live in ``<root>/holders-<2 hex digits>/ws-<16 hex digits>`` where mounts are
+allowed, each bucket a mount of its own (see ``WorkspaceFactory._holder_parent``)."""
 
 EnvBuilder = Callable[[str, dict[str, str]], dict[str, str]]
 """(temporary directory as code under test sees it, task env) -> its full environment."""
@@ -183,6 +187,8 @@ class WorkspaceFactory:
         # The sandbox uid resolves bind sources itself: it may pass through, never list.
         self.root.chmod(0o711)
         self._lock = threading.Lock()
+        self._buckets: dict[Path, int] = {}
+        """Each bucket in use, and how many holders it has (an empty one goes)."""
         self.quota_mounts = sandbox.active and self.capabilities.tmpfs_quota
         """Each workspace writes into a tmpfs of its own (its disk quota); a tree that is not an
         overlay (copy and git-clone modes) lives in it too."""
@@ -228,7 +234,8 @@ class WorkspaceFactory:
         With ``snapshot``, the tree starts as the snapshot's state instead of the base (a fork).
         """
         setup, env = list(setup or []), dict(env or {})
-        holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
+        name = uuid.uuid4().hex[:16]
+        holder = self._holder_parent(name) / f"ws-{name}"
         holder.mkdir(mode=0o711)
         template = None
         group = None
@@ -256,6 +263,38 @@ class WorkspaceFactory:
         # Diff capture reads through the mirror (and git-clone trees borrow its objects).
         self.mirrors.pin(workspace.mirror)
         return workspace
+
+    def _holder_parent(self, name: str) -> Path:
+        """Where the holder of workspace ``name`` goes: one of 256 buckets, each a mount of its
+        own, where holders are mounts (launch namespaces). A bind or an overlay mount walks
+        every mount directly below the mount it starts from (the base directory's, where the
+        templates are too): with 10,000 holders side by side that cost 304 and 540 µs a mount,
+        8 and 74 µs spread over 100 parents (issue 24)."""
+        if self.namespaces is None:
+            return self.root
+        bucket = self.root / f"{BUCKET_PREFIX}{name[:2]}"
+        with self._lock:
+            if bucket not in self._buckets:
+                bucket.mkdir(mode=0o711, exist_ok=True)
+                bind(bucket, bucket)
+                self._buckets[bucket] = 0
+            self._buckets[bucket] += 1
+        return bucket
+
+    def _leave_bucket(self, holder: Path) -> None:
+        """``holder`` is gone: its bucket goes too once it holds no other, so nothing is left
+        after the last workspace (at density a bucket is seldom empty)."""
+        bucket = holder.parent
+        with self._lock:
+            if bucket not in self._buckets:
+                return
+            self._buckets[bucket] -= 1
+            if self._buckets[bucket] > 0:
+                return
+            del self._buckets[bucket]
+            unmount(bucket)
+            with contextlib.suppress(OSError):
+                bucket.rmdir()
 
     def _from_template(
         self,
@@ -346,6 +385,7 @@ class WorkspaceFactory:
             namespace.close()
             unmount(holder)  # bound on itself (os.path.ismount cannot tell: same device)
         remove_tree(holder)
+        self._leave_bucket(holder)
 
     def _create_clone(
         self,
@@ -425,6 +465,8 @@ class WorkspaceFactory:
                 if os.path.ismount(workspace.rw):
                     unmount(workspace.rw)
         remove_trees([w.root for w in mine])
+        for workspace in mine:
+            self._leave_bucket(workspace.root)
         for group in groups:
             group.remove()
         for workspace in mine:
