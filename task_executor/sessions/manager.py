@@ -156,7 +156,9 @@ class SessionManager:
         with session.lock:
             self._dispose(session)
 
-    def close_all(self) -> None:
+    def close_all(self, keep_trees: bool = False) -> None:
+        """Close every session; with ``keep_trees``, their trees are left for the caller to
+        remove (see ``WorkspaceFactory.destroy_all``)."""
         self._stop.set()
         with self._guard:
             sessions = list(self._sessions.values())
@@ -170,7 +172,7 @@ class SessionManager:
             for failure in pool.map(self._close_shell_quietly, sessions):
                 if failure is not None:
                     log.error("closing a session failed: %r", failure)
-        self.workspaces.destroy_all([s.workspace for s in sessions])
+        self.workspaces.destroy_all([s.workspace for s in sessions], keep_trees=keep_trees)
         log.info("%d sessions closed", len(sessions))
 
     @staticmethod

@@ -54,15 +54,39 @@ def remove_tree(path: Path) -> None:
         log.warning("could not remove %s entirely", path)
 
 
+def remove_skeleton(path: Path, most: int = 64) -> bool:
+    """Remove ``path`` in this process if it holds nothing but at most ``most`` directories (a
+    workspace holder once its mounts are gone: what code under test wrote was in them), and
+    say whether it did. Anything else in it (a file, a symlink, a deep tree) is left to
+    :func:`remove_tree`: an ``rm -rf`` process for a few empty directories cost a DELETE
+    about 20 ms at 10,000 live sessions (issue 24)."""
+    if path.is_symlink():
+        return False
+    found = [os.fspath(path)]
+    try:
+        for directory in found:  # grows while it is walked: breadth first
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if not entry.is_dir(follow_symlinks=False) or len(found) >= most:
+                        return False
+                    found.append(entry.path)
+        for directory in reversed(found):
+            os.rmdir(directory)
+    except OSError:
+        return False
+    return True
+
+
 def remove_trees(paths: list[Path], batch: int = 500) -> None:
-    """Remove many trees with one ``rm -rf`` per ``batch`` of them (at shutdown, 10,000 session
-    trees were 10,000 processes); any tree still there afterwards goes through
-    :func:`remove_tree`, which opens up what the code under test locked."""
-    for start in range(0, len(paths), batch):
-        subprocess.run(["rm", "-rf", "--", *map(str, paths[start:start + batch])],
+    """Remove many trees, with one ``rm -rf`` per ``batch`` of those that are more than a
+    skeleton (at shutdown, 10,000 session trees were 10,000 processes); any tree still there
+    afterwards goes through :func:`remove_tree`, which opens up what code under test locked."""
+    rest = [path for path in paths if not remove_skeleton(path)]
+    for start in range(0, len(rest), batch):
+        subprocess.run(["rm", "-rf", "--", *map(str, rest[start:start + batch])],
                        stdin=subprocess.DEVNULL, capture_output=True, env=_TOOLS_ENV,
                        check=False)
-    for path in paths:
+    for path in rest:
         if os.path.lexists(path):
             remove_tree(path)
 
