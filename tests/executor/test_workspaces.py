@@ -14,7 +14,7 @@ import pytest
 
 from task_executor.config import Settings
 from task_executor.sandbox.capabilities import detect
-from task_executor.workspaces.fsutil import remove_skeleton, remove_trees
+from task_executor.workspaces.fsutil import remove_small_tree, remove_trees
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
@@ -510,33 +510,32 @@ def test_a_tree_whose_root_cannot_go_leaves_its_parent_as_it_was(tmp_path):
         unmount(tree)
 
 
-def test_a_holder_skeleton_goes_in_process_and_anything_more_through_rm(tmp_path):
-    """remove_skeleton takes a tree of empty directories (a holder once unmounted) and refuses,
-    saying so, a tree with a file or a symlink in it; remove_trees removes all of them."""
-    skeleton = tmp_path / "skeleton"
-    for part in ("rw", "merged", "runtime-mnt/usr-local", "runtime-mnt/opt"):
-        (skeleton / part).mkdir(parents=True)
-    with_file = tmp_path / "with-file"
-    (with_file / "rw").mkdir(parents=True)
-    (with_file / "rw" / "left").write_text("x")
+def test_a_small_tree_goes_in_process_and_a_big_one_through_rm(tmp_path):
+    """remove_small_tree takes a holder once unmounted (a few directories, option files) and
+    unlinks a symlink without following it; a tree past its bound it refuses, saying so, and
+    leaves whole; remove_trees removes every kind."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("kept")
-    with_link = tmp_path / "with-link"
-    with_link.mkdir()
-    (with_link / "to-outside").symlink_to(outside)
+    small = tmp_path / "small"
+    for part in ("rw", "merged", "runtime-mnt/usr-local", "runtime-mnt/opt"):
+        (small / part).mkdir(parents=True)
+    (small / "bwrap-args").write_bytes(b"--ro-bind\0/\0/\0")
+    (small / "rw" / "to-outside").symlink_to(outside)
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(100):
+        (big / f"f{i}").write_text("x")
     locked = tmp_path / "locked"
     (locked / "deep" / "er").mkdir(parents=True)
     (locked / "deep" / "er" / "f").write_text("x")
     (locked / "deep").chmod(0o500)
 
-    assert remove_skeleton(skeleton) is True
-    assert not skeleton.exists()
-    assert remove_skeleton(with_file) is False
-    assert (with_file / "rw" / "left").read_text() == "x"
-    assert remove_skeleton(with_link) is False
-    assert (with_link / "to-outside").is_symlink()
+    assert remove_small_tree(small) is True
+    assert not small.exists()
+    assert remove_small_tree(big, most=64) is False
+    assert len(list(big.iterdir())) == 100
 
-    remove_trees([with_file, with_link, locked], batch=2)
-    assert not with_file.exists() and not with_link.exists() and not locked.exists()
-    assert (outside / "keep").read_text() == "kept"  # a symlink is removed, never followed
+    remove_trees([big, locked], batch=1)
+    assert not big.exists() and not locked.exists()
+    assert (outside / "keep").read_text() == "kept"  # the symlink went, never followed
