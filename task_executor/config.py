@@ -40,10 +40,10 @@ class Settings:
     # Sessions (multi-turn).
     max_sessions: int = 64
     session_idle_timeout: float = 1800.0
-    session_idle_stop: float | None = None
+    session_idle_stop: float | None = 300.0
     """Seconds after which an idle session's shell, with nothing else running, is saved and
-    stopped, to be restarted from its state by the next command (None: never; see
-    ``sessions.idle``)."""
+    stopped, to be restarted from its state by the next command (None: never, which
+    ``DOCKYARD_SESSION_IDLE_STOP=0`` asks for; see ``sessions.idle``)."""
     command_timeout: float = 300.0
     output_cap_bytes: int = 64 * 1024
     # Seconds a SIGTERM'd executor lets running work finish before it kills it.

@@ -155,13 +155,16 @@ def wait_stopped(proc: Any, empty_processes: int, limit_s: float = 300.0) -> dic
 
 def leftovers(base: Path) -> dict[str, int]:
     """What the executor on ``base`` left: processes carrying its owner variable, mounts under
-    its base directory, its cgroup directories."""
+    its base directory, its cgroup directories, working trees."""
     token = owner_token(base)
     owned = reaper.find(reaper.Target(environment=(f"{OWNER_VARIABLE}={token}",)))
     groups = [*Path("/sys/fs/cgroup").glob(f"*/dockyard-{token}"),
               Path("/sys/fs/cgroup") / f"dockyard-{token}"]
+    work = base / "work"
     return {"processes": len(owned), "mounts_under_base": len(mounts_under(base)),
-            "cgroup_directories": sum(1 for g in groups if g.is_dir())}
+            "cgroup_directories": sum(1 for g in groups if g.is_dir()),
+            # Left for the next start once the grace is over (lifecycle.remove_work).
+            "trees": len([*work.glob("ws-*"), *work.glob("holders-*/ws-*")])}
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:

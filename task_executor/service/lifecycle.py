@@ -15,8 +15,11 @@ and ``/health`` -- so a readiness probe takes the pod out of rotation -- answer 
 ``shutting_down`` with Retry-After, while requests already running go on, and so do calls that
 end a session's work (finish, file reads and writes, state, close). Once no request is in
 flight, or the grace period (``DOCKYARD_SHUTDOWN_GRACE``) is over, or a second signal comes,
-pending answers are flushed and every connection is closed; then sessions are closed, every
-process of this executor is killed and the working trees go, and the process exits 0.
+pending answers are flushed and every connection is closed; then sessions are closed, all at
+once (their processes killed through their cgroups, their mounts detached, their cgroups
+removed), every process of this executor is killed and the working trees go -- those not yet
+removed when the grace period (counted from the signal) is over are left for the next start,
+holding no process, mount or cgroup -- and the process exits 0.
 
 A grading cut off by the grace period never answers: its connection is closed *before* its
 processes are killed, so a test run killed under it cannot turn into a wrong verdict on the
@@ -67,6 +70,8 @@ ALLOWED_WHILE_DRAINING = frozenset(
 
 _FLUSH_S = 5.0
 _WIND_DOWN_S = 10.0
+_TREES_MIN_S = 3.0
+"""Seconds the working trees' removal is given at shutdown even past the grace period."""
 
 
 # -- draining ----------------------------------------------------------------------------------
@@ -177,14 +182,19 @@ def kill_owned(base_dir: Path, grace: float = reaper.DEFAULT_GRACE_S) -> int:
     return reaper.kill(reaper.Target(environment=owner_entries(base_dir)), grace=grace)
 
 
-def remove_work(work_root: Path) -> tuple[int, tuple[str, ...]]:
+def remove_work(work_root: Path, deadline: float | None = None) -> tuple[int, tuple[str, ...]]:
     """Remove every entry of ``work_root``; a tree with a mount still in it is left alone,
-    because removing it would delete through the mount into whatever is mounted there."""
+    because removing it would delete through the mount into whatever is mounted there. Past
+    ``deadline`` (``time.monotonic()``) the rest stays, for the next start to remove."""
     if not work_root.is_dir():
         return 0, ()
     still_mounted = mounts_under(work_root)
     removed, kept = 0, []
     for entry in sorted(work_root.iterdir()):
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("the grace period is over: %s and the trees after it are left for the "
+                        "next start to remove", entry)
+            break
         inside = str(entry.resolve()) + "/"
         if any(point.startswith(inside) or point == inside[:-1] for point in still_mounted):
             kept.append(str(entry))
@@ -197,13 +207,15 @@ def remove_work(work_root: Path) -> tuple[int, tuple[str, ...]]:
     return removed, tuple(kept)
 
 
-def clean_base_dir(base_dir: Path, grace: float = reaper.DEFAULT_GRACE_S) -> Cleanup:
+def clean_base_dir(base_dir: Path, grace: float = reaper.DEFAULT_GRACE_S,
+                   deadline: float | None = None) -> Cleanup:
     """Kill the processes, unmount the mounts and remove the working trees of any executor that
-    ran on ``base_dir``. Mirrors, templates and the log stay."""
+    ran on ``base_dir`` (the trees only until ``deadline``). Mirrors, templates and the log
+    stay."""
     # Processes first: they may hold mounts busy and write into the trees being removed.
     processes = kill_owned(base_dir, grace)
     unmounted = unmount_under(base_dir)
-    removed, kept = remove_work(base_dir / "work")
+    removed, kept = remove_work(base_dir / "work", deadline)
     for tree in kept:
         log.error("left %s in place: something is still mounted inside it", tree)
     return Cleanup(processes=processes, unmounted=unmounted, removed=removed, kept=kept)
@@ -249,6 +261,7 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
     grace = services.settings.shutdown_grace
     stop, hurry = threading.Event(), threading.Event()
     drained: list[bool] = []
+    signalled: list[float] = []
 
     def wait_then_stop() -> None:
         drained.append(drain.wait_idle(grace, abort=hurry))
@@ -262,6 +275,7 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
             hurry.set()
             return
         log.info("%s: draining; %d requests in flight, %.0fs grace", name, drain.in_flight, grace)
+        signalled.append(time.monotonic())
         drain.begin()
         threading.Thread(target=wait_then_stop, name="drain", daemon=True).start()
 
@@ -281,7 +295,9 @@ def serve_until_stopped(server: Any, app: Flask) -> bool:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _shut_down(server, services)
+    # The trees are removed within the grace period (from the signal on); what is left then
+    # holds no process, mount or cgroup, and the next start removes it (issue 24).
+    _shut_down(server, services, (signalled[0] if signalled else time.monotonic()) + grace)
     return bool(drained and drained[0])
 
 
@@ -320,7 +336,7 @@ def release_mounts(services: Services) -> None:
         namespaces.close()
 
 
-def _shut_down(server: Any, services: Services) -> None:
+def _shut_down(server: Any, services: Services, deadline: float) -> None:
     base_dir = services.settings.base_dir
     # Connections first: from here on no answer can leave, so nothing the kills below do to a
     # running grading can reach a client as a verdict. (Not ``server.close()``: that also closes
@@ -328,7 +344,7 @@ def _shut_down(server: Any, services: Services) -> None:
     server.asyncore.dispatcher.close(server)
     for channel in _channels(server):
         channel.close()
-    services.sessions.close_all()
+    services.sessions.close_all(keep_trees=True)  # removed below, in one sweep
     # Worker threads end once their grading notices its processes died; a grading between two
     # steps may start a new command after a sweep, so keep sweeping until the threads are gone.
     winding_down = threading.Thread(
@@ -344,7 +360,8 @@ def _shut_down(server: Any, services: Services) -> None:
     if not server.task_dispatcher.threads:
         server.asyncore.close_all(server._map)  # the trigger, now that no thread can pull it
     release_mounts(services)
-    cleanup = clean_base_dir(base_dir)
+    # A few seconds whatever is left of the grace: enough for every tree at a small density.
+    cleanup = clean_base_dir(base_dir, deadline=max(deadline, time.monotonic() + _TREES_MIN_S))
     if services.workspaces.groups is not None:
         services.workspaces.groups.remove_all()  # the workspaces' cgroups, emptied above
     log.info(

@@ -16,13 +16,17 @@ All three give the same verdicts; only speed and isolation differ, and ``/health
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +36,19 @@ from task_executor.sandbox.capabilities import Capabilities
 from task_executor.sandbox.cgroups import Group, Groups
 from task_executor.sandbox.command import run_command
 from task_executor.sandbox.isolation import Bind, Sandbox
-from task_executor.sandbox.mounts import mount_overlay, mount_tmpfs, unmount
+from task_executor.sandbox.mounts import bind, mount_overlay, mount_tmpfs, unmount
 from task_executor.sandbox.namespaces import Launcher, LaunchNamespaces, MountNamespace
 
 from .artifacts import setup_artifacts
-from .fsutil import CopyFailed, copy_over, copy_tree, remove_tree, tree_bytes
+from .fsutil import (
+    CopyFailed,
+    copy_over,
+    copy_tree,
+    remove_small_tree,
+    remove_tree,
+    remove_trees,
+    tree_bytes,
+)
 from .gitcmd import git
 from .mirrors import MirrorCache
 from .report import sandbox_report
@@ -44,6 +56,13 @@ from .runtime import RuntimeLayers
 from .templates import Template, TemplateCache
 
 log = logging.getLogger(__name__)
+
+BUCKET_PREFIX = "holders-"
+"""Workspaces live in ``<root>/holders-<2 hex digits>/ws-<16 hex digits>`` where mounts are
+allowed, each bucket a mount of its own (see ``WorkspaceFactory._holder_parent``)."""
+
+_TEARDOWN_WORKERS = 8
+"""Threads that let namespaces and cgroups go at once in ``destroy_all``."""
 
 EnvBuilder = Callable[[str, dict[str, str]], dict[str, str]]
 """(temporary directory as code under test sees it, task env) -> its full environment."""
@@ -139,6 +158,45 @@ class Workspace:
         return self.factory.snapshot(self, target)
 
 
+def _kill_groups(groups: list[Group], timeout: float = 10.0) -> None:
+    """SIGKILL every process in ``groups`` until they are empty, all groups in each pass (one
+    by one, each waiting for its own group to empty, 10,000 live sessions waited 10,000 times).
+    One hierarchy's member list is read per group: every process of a workspace is in all."""
+    deadline = time.monotonic() + timeout
+    files = [group.procs_files[0] for group in groups if group.directories]
+    while time.monotonic() < deadline:
+        pids: set[int] = set()
+        for name in files:
+            with contextlib.suppress(OSError):
+                with open(name) as members:
+                    pids.update(int(line) for line in members)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _remove_empty_group(group: Group) -> None:
+    """Remove a group just emptied, at shutdown: its directories, and nothing more when they
+    went. ``Group.remove`` would read every member list once more and lower the parent's CPU
+    weight by one (a cgroup write each, 10,000 of them: most of a 30 s shutdown); the parent
+    goes too. A group that could not go is left to ``Group.remove``, which kills and retries."""
+    removed = True
+    for directory in set(group.directories.values()):
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            removed = False
+    if removed:
+        group.on_remove = None
+    else:
+        group.remove()
+
+
 class WorkspaceFactory:
     """Makes workspaces under ``root`` in the best mode the capabilities allow."""
 
@@ -167,6 +225,10 @@ class WorkspaceFactory:
         # The sandbox uid resolves bind sources itself: it may pass through, never list.
         self.root.chmod(0o711)
         self._lock = threading.Lock()
+        self._buckets: dict[Path, int] = {}
+        """Each bucket in use, and how many holders it has (an empty one goes)."""
+        self._retiring: set[Path] = set()
+        """Buckets being detached whole (``destroy_all``): no new holder goes there."""
         self.quota_mounts = sandbox.active and self.capabilities.tmpfs_quota
         """Each workspace writes into a tmpfs of its own (its disk quota); a tree that is not an
         overlay (copy and git-clone modes) lives in it too."""
@@ -212,7 +274,8 @@ class WorkspaceFactory:
         With ``snapshot``, the tree starts as the snapshot's state instead of the base (a fork).
         """
         setup, env = list(setup or []), dict(env or {})
-        holder = self.root / f"ws-{uuid.uuid4().hex[:16]}"
+        name = uuid.uuid4().hex[:16]
+        holder = self._holder_parent(name) / f"ws-{name}"
         holder.mkdir(mode=0o711)
         template = None
         group = None
@@ -240,6 +303,40 @@ class WorkspaceFactory:
         # Diff capture reads through the mirror (and git-clone trees borrow its objects).
         self.mirrors.pin(workspace.mirror)
         return workspace
+
+    def _holder_parent(self, name: str) -> Path:
+        """Where the holder of workspace ``name`` goes: one of 256 buckets, each a mount of its
+        own, where holders are mounts (launch namespaces). A bind or an overlay mount walks
+        every mount directly below the mount it starts from (the base directory's, where the
+        templates are too): with 10,000 holders side by side that cost 304 and 540 µs a mount,
+        8 and 74 µs spread over 100 parents (issue 24)."""
+        if self.namespaces is None:
+            return self.root
+        bucket = self.root / f"{BUCKET_PREFIX}{name[:2]}"
+        with self._lock:
+            if bucket in self._retiring:
+                return self.root
+            if bucket not in self._buckets:
+                bucket.mkdir(mode=0o711, exist_ok=True)
+                bind(bucket, bucket)
+                self._buckets[bucket] = 0
+            self._buckets[bucket] += 1
+        return bucket
+
+    def _leave_bucket(self, holder: Path) -> None:
+        """``holder`` is gone: its bucket goes too once it holds no other, so nothing is left
+        after the last workspace (at density a bucket is seldom empty)."""
+        bucket = holder.parent
+        with self._lock:
+            if bucket not in self._buckets:
+                return
+            self._buckets[bucket] -= 1
+            if self._buckets[bucket] > 0:
+                return
+            del self._buckets[bucket]
+            unmount(bucket)
+            with contextlib.suppress(OSError):
+                bucket.rmdir()
 
     def _from_template(
         self,
@@ -329,7 +426,9 @@ class WorkspaceFactory:
         if namespace is not None:
             namespace.close()
             unmount(holder)  # bound on itself (os.path.ismount cannot tell: same device)
-        remove_tree(holder)
+        if not remove_small_tree(holder):
+            remove_tree(holder)
+        self._leave_bucket(holder)
 
     def _create_clone(
         self,
@@ -380,6 +479,65 @@ class WorkspaceFactory:
         self.mirrors.unpin(workspace.mirror)
         if workspace.template is not None and self.templates is not None:
             self.templates.release(workspace.template)
+
+    def kill_processes(self, workspaces: list[Workspace]) -> None:
+        """Kill every process of these workspaces at once, through their cgroups."""
+        _kill_groups([w.group for w in workspaces if w.group is not None])
+
+    def destroy_all(self, workspaces: list[Workspace], keep_trees: bool = False) -> None:
+        """Destroy many workspaces at once, at shutdown: one by one, 10,000 took 157 s, each
+        unmount paying for the thousands of mounts beside it (issue 24).
+
+        Every process in their cgroups is killed in one pass; each launch namespace is let go
+        (with no process left in it, its copies of the mounts go with it, so nothing propagates
+        there any more); each bucket, or else each holder, is detached with everything mounted
+        below it in one call; then the empty groups, and the trees (in a few ``rm -rf``) unless
+        ``keep_trees``: an executor shutting down leaves them to its last sweep of the base
+        directory, which stops at the grace period's end (what it leaves, the next start
+        removes)."""
+        with self._lock:
+            mine = [w for w in workspaces if not w.destroyed]
+            for workspace in mine:
+                workspace.destroyed = True
+            # A bucket all of whose holders go now is detached as one: every unmount call
+            # waits for the kernel (an RCU grace period), 10,000 of them took 11 s.
+            whole = {bucket for bucket, count in Counter(w.root.parent for w in mine).items()
+                     if self._buckets.get(bucket) == count}
+            for bucket in whole:  # no new holder may go into it meanwhile
+                del self._buckets[bucket]
+            self._retiring |= whole
+        groups = [w.group for w in mine if w.group is not None]
+        _kill_groups(groups)  # again: a shell closed meanwhile cannot have started anything
+        namespaces = [w.namespace for w in mine if w.namespace is not None]
+        # Closing a namespace and removing a group wait for the kernel too, not for the CPU:
+        # a few threads overlap those waits.
+        with ThreadPoolExecutor(_TEARDOWN_WORKERS, thread_name_prefix="teardown") as pool:
+            list(pool.map(MountNamespace.close, namespaces))
+        for bucket in whole:
+            unmount(bucket)
+        for workspace in mine:
+            if workspace.root.parent in whole:
+                continue
+            if workspace.namespace is not None:
+                unmount(workspace.root)  # bound on itself: everything below goes along, lazily
+            else:
+                self._unmount_all(workspace)
+                if os.path.ismount(workspace.rw):
+                    unmount(workspace.rw)
+        with ThreadPoolExecutor(_TEARDOWN_WORKERS, thread_name_prefix="teardown") as pool:
+            list(pool.map(_remove_empty_group, groups))
+        if not keep_trees:
+            remove_trees([w.root for w in mine])
+        for bucket in whole:
+            with contextlib.suppress(OSError):
+                bucket.rmdir()  # a bucket with trees left stays, unmounted
+        with self._lock:
+            self._retiring -= whole
+        for workspace in mine:
+            self._leave_bucket(workspace.root)
+            self.mirrors.unpin(workspace.mirror)
+            if workspace.template is not None and self.templates is not None:
+                self.templates.release(workspace.template)
 
     # ------------------------------------------------------------------ reset / snapshot
 

@@ -382,3 +382,39 @@ def test_sigterm_past_the_grace_period_kills_the_work_and_exits_zero(tmp_path, d
     # No verdict, and above all not "unresolved" from a test run killed under it.
     assert isinstance(got, TaskExecutorError), got
     assert_nothing_left(base)
+
+
+def _cgroups_of(base: Path) -> list[Path]:
+    token = owner_token(base)
+    return [g for g in (*Path("/sys/fs/cgroup").glob(f"*/dockyard-{token}"),
+                        Path("/sys/fs/cgroup") / f"dockyard-{token}") if g.is_dir()]
+
+
+def test_sigterm_with_30_sessions_closes_them_all_at_once_and_leaves_nothing(
+        tmp_path, demo_task):
+    """The shutdown path of issue 24 (all sessions at once, through their cgroups): live shells
+    with background work, parked shells and idle ones all go, with no process, mount or cgroup
+    left behind."""
+    base = tmp_path / "base"
+    with serving(base, DOCKYARD_SESSION_IDLE_STOP="1", DOCKYARD_MAX_SESSIONS="40") as server:
+        client = SandboxClient(urls=[server.url])
+        spec = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+        sessions = [client.start_session(spec) for _ in range(30)]
+        for session in sessions[:10]:  # never parked: something runs in them
+            session.exec("setsid sleep 604 >/dev/null 2>&1 < /dev/null &")
+        wait_for(lambda: sleeping(base, "604") == 10, 30, "the background sleeps")
+        parked = sessions[20]  # let the idle ones be saved and stopped
+        wait_for(lambda: requests.get(f"{server.url}/session/{parked.session_id}",
+                                      timeout=10).json().get("stopped") is True,
+                 30, "an idle shell to be stopped")
+        for session in sessions[10:15]:  # live again: restored from their saved state
+            session.exec("cd /tmp")
+        assert _cgroups_of(base) != []  # what must go is there to begin with
+
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+        client.close()
+    assert_nothing_left(base)
+    assert _cgroups_of(base) == []
+    log = (base / "task_executor.log").read_text()
+    assert "30 sessions closed" in log

@@ -211,8 +211,8 @@ def loopback_listeners() -> Iterator[dict]:
 _PROBE = r"""
 probe() { if "$@" >/dev/null 2>&1; then echo "ESCAPED: $*"; fi; }
 # The attacker learns the host's base directory from the sandbox's pid 1 (bwrap's argv).
-LEARNED=$(tr '\0' '\n' < /proc/1/cmdline | grep -o '^/.*/work/ws-[0-9a-f]*' | head -n1 \
-          | sed 's#/work/ws-[0-9a-f]*$##')
+HOLDER='/work/\(holders-[0-9a-f]*/\)\?ws-[0-9a-f]*'
+LEARNED=$(tr '\0' '\n' < /proc/1/cmdline | grep -o "^/.*$HOLDER" | head -n1 | sed "s#$HOLDER\$##")
 """
 
 UNMOUNT_AND_READ_BASE = _PROBE + r"""
@@ -975,6 +975,11 @@ def test_a_vanished_sibling_of_the_base_dir_does_not_break_the_sandbox(outside_t
     assert answer.status_code == 200, answer.text
 
 
+def _holder_pattern(work: str) -> str:
+    """A workspace holder's mount point in a mount table line (holders sit in buckets)."""
+    return rf" {re.escape(work)}/(?:holders-[0-9a-f]{{2}}/)?(ws-[0-9a-f]+)"
+
+
 def _holders_seen_by_bwraps(work: str) -> list[set[str]]:
     """For every bubblewrap this process started (the sandbox's monitor, whose namespace is the
     one it was launched from): the workspaces under ``work`` its mount table shows."""
@@ -987,7 +992,7 @@ def _holders_seen_by_bwraps(work: str) -> list[set[str]]:
             table = Path(f"/proc/{pid}/mountinfo").read_text()
         except OSError:
             continue  # gone meanwhile
-        holders = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)", table))
+        holders = set(re.findall(_holder_pattern(work), table))
         if holders:
             seen.append(holders)
     return seen
@@ -1003,7 +1008,7 @@ def test_sandboxes_start_from_a_mount_table_with_their_own_workspace_only(execut
     assert "launch_namespace" not in sandbox["missing"] and "host_view" not in sandbox["missing"]
     work = str((executor.settings.base_dir / "work").resolve())
     sessions = [_start(executor, demo_task) for _ in range(4)]
-    host_side = set(re.findall(rf" {re.escape(work)}/(ws-[0-9a-f]+)",
+    host_side = set(re.findall(_holder_pattern(work),
                                Path("/proc/self/mountinfo").read_text()))
     assert len(host_side) == 4  # the executor's own table has them all
     seen = _holders_seen_by_bwraps(work)

@@ -43,7 +43,9 @@ def _finish(executor, sid: str, demo_task):
 
 
 def _holders(executor) -> list[Path]:
-    return [p for p in executor.work_dirs() if p.name.startswith("ws-")]
+    """The workspace holders, in their buckets (see ``WorkspaceFactory._holder_parent``)."""
+    work = executor.settings.base_dir / "work"
+    return sorted([*work.glob("ws-*"), *work.glob("holders-*/ws-*")])
 
 
 # ------------------------------------------------------------------ finish: odd entries

@@ -14,6 +14,7 @@ import pytest
 
 from task_executor.config import Settings
 from task_executor.sandbox.capabilities import detect
+from task_executor.workspaces.fsutil import remove_small_tree, remove_trees
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import SetupFailed
@@ -507,3 +508,34 @@ def test_a_tree_whose_root_cannot_go_leaves_its_parent_as_it_was(tmp_path):
         assert list(tree.iterdir()) == []  # what could go went
     finally:
         unmount(tree)
+
+
+def test_a_small_tree_goes_in_process_and_a_big_one_through_rm(tmp_path):
+    """remove_small_tree takes a holder once unmounted (a few directories, option files) and
+    unlinks a symlink without following it; a tree past its bound it refuses, saying so, and
+    leaves whole; remove_trees removes every kind."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("kept")
+    small = tmp_path / "small"
+    for part in ("rw", "merged", "runtime-mnt/usr-local", "runtime-mnt/opt"):
+        (small / part).mkdir(parents=True)
+    (small / "bwrap-args").write_bytes(b"--ro-bind\0/\0/\0")
+    (small / "rw" / "to-outside").symlink_to(outside)
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(100):
+        (big / f"f{i}").write_text("x")
+    locked = tmp_path / "locked"
+    (locked / "deep" / "er").mkdir(parents=True)
+    (locked / "deep" / "er" / "f").write_text("x")
+    (locked / "deep").chmod(0o500)
+
+    assert remove_small_tree(small) is True
+    assert not small.exists()
+    assert remove_small_tree(big, most=64) is False
+    assert len(list(big.iterdir())) == 100
+
+    remove_trees([big, locked], batch=1)
+    assert not big.exists() and not locked.exists()
+    assert (outside / "keep").read_text() == "kept"  # the symlink went, never followed
