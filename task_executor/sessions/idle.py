@@ -59,6 +59,10 @@ class Parking:
     def _latest_state(self) -> bytes:
         raise NotImplementedError
 
+    def _ping(self, within: float) -> bool:
+        """Whether the shell answers a ping in time (after its last snapshot is written)."""
+        raise NotImplementedError
+
     def _shell_cwd(self) -> str | None:
         raise NotImplementedError
 
@@ -89,6 +93,10 @@ class Parking:
             shell = self._shell_pids()
             if not shell or self._session_pids() - shell:
                 return False  # no shell to save, or the agent left something running
+            # The shell writes a command's snapshot after answering it: a ping is answered only
+            # once that is done (parked at once after a command, the state before it was kept).
+            if not self._ping(within=2.0):
+                return False
             cwd = self._shell_cwd()
             state = self._latest_state()
             self._kill_everything()

@@ -205,11 +205,13 @@ class SessionManager:
     @staticmethod
     def _close_shell_quietly(session: Session) -> BaseException | None:
         session.closed = True
-        try:
-            session.shell.close()
-        except Exception as error:  # one session's failure must not keep the rest open
-            return error
-        return None
+        failure: BaseException | None = None
+        for shell in session.all_shells():  # named shells too: each holds processes and fds
+            try:
+                shell.close()
+            except Exception as error:  # one shell's failure must not keep the rest open
+                failure = failure or error
+        return failure
 
     def _pop(self, session_id: str) -> Session:
         with self._guard:
