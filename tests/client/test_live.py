@@ -44,6 +44,7 @@ def test_gold_resolves_and_empty_does_not(demo_task: DemoTask, executor: Any) ->
     assert (empty.status, empty.resolved, reward_from_result(empty)) == ("unresolved", False, 0.0)
 
 
+@pytest.mark.slow  # ~10 s of the default suite's budget; test_roundrobin covers the spread
 def test_batch_of_40_spreads_evenly_over_3_executors(
     demo_task: DemoTask, executor_factory: Executors, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -315,6 +315,7 @@ def _slow_tree_capture(monkeypatch, seconds: float) -> None:
     monkeypatch.setattr(capture, "_CAPTURE", "sleep 600\n" + capture._CAPTURE)
 
 
+@pytest.mark.slow  # ~10 s (a capture that must time out) of the default suite's budget
 def test_a_tree_too_large_to_capture_in_time_is_a_verdict(executor, demo_task, monkeypatch):
     """Was a hole (no verdict at will): a capture step that started and timed out was a 503,
     retried forever, and a tree of millions of empty files is the agent's to make."""
