@@ -144,6 +144,7 @@ class SandboxClient:
         )
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
+        self._adapter = adapter
         self._http.headers["User-Agent"] = USER_AGENT
         if self.config.token:
             self._http.headers["Authorization"] = f"Bearer {self.config.token}"
@@ -473,9 +474,7 @@ class SandboxClient:
         what = f"{method} {path}"
         since = self._fleet.entered(url) if account else None
         try:
-            response = self._http.request(
-                method, url + path, timeout=(self.config.connect_timeout, read_timeout), **send
-            )
+            response = self._send(method, url + path, read_timeout, **send)
         except requests.RequestException as exc:
             error = _transport_error(exc, what, url)
             if account and isinstance(error, ExecutorUnreachable):
@@ -502,6 +501,20 @@ class SandboxClient:
             raise ProtocolError(
                 f"{what}: answer is not a valid {model.__name__} ({where}: {problem})", url=url
             ) from exc
+
+    def _send(
+        self, method: str, url: str, read_timeout: float, *,
+        headers: dict[str, str] | None = None, **send: Any,
+    ) -> requests.Response:
+        """``requests.Session.request`` without what a call to an executor never uses (cookies,
+        hooks, proxies and .netrc, redirects): about a third of a short call's time in the
+        client. The adapter sends it (and raises) exactly as the session would."""
+        prepared = requests.Request(
+            method, url, headers={**self._http.headers, **(headers or {})}, **send
+        ).prepare()
+        return self._adapter.send(
+            prepared, timeout=(self.config.connect_timeout, read_timeout)
+        )
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

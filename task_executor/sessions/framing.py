@@ -16,6 +16,20 @@ previous snapshot whole; :func:`latest_state` picks the newest complete one.
 :func:`bootstrap_script` defines the shell functions this needs, read-only so that a command
 cannot redefine them; :func:`restore_line` makes a fresh shell ``source`` a saved snapshot.
 
+**Spares.** A subshell call (stateless, or with a cwd or env of its own: see
+:mod:`~task_executor.sessions.modes`) runs in a *spare*: a subshell the shell forked after the
+previous call (:data:`SPARE_LINE`), which waits for one line on the shell's stdin while the shell
+waits for it. The fork (most of a millisecond) is then off the call's path. The line that starts
+the call (:data:`TRIGGER_LINE`) is also what the shell runs itself when no spare took it (the
+spare was killed meanwhile): the same call in a subshell forked then. Any other line makes the
+spare exit unused, so the executor sends :data:`RELEASE_LINE` before anything else it sends
+while a spare waits (a harmless ``:`` if the shell reads it itself). The spare checks and runs
+the call and writes its frame (``ran`` or ``refused``) before it exits, so its exit is off the
+call's path too, and leaves the nonce in the messages memfd to say so; when it did not get that
+far (an ``exit`` in the command, ``set -e``, a signal) the shell frames the call with the
+spare's status (:func:`spare_post_line`). No snapshot follows such a call: a subshell changes
+nothing in the shell.
+
 **Out.** After each command the shell writes one line to a pipe of its own (never the command's
 output pipe, and closed for the command itself, so nothing the command prints can forge or
 split it; only a subshell forked into the background keeps bash's saved copy of the fd, which
@@ -159,7 +173,8 @@ class ShellFds:
         return (
             f"declare -r __dy_sfd={self.status} __dy_cfd={self.command}"
             f" __dy_mfd={self.messages} __dy_L={shlex.quote(_run_text(self, False))}"
-            f" __dy_L2={shlex.quote(_run_text(self, True))}\n"
+            f" __dy_L2={shlex.quote(_run_text(self, True))}"
+            f" {_SPARE_TEXTS}\n"
             f"declare -ra __dy_pfd=({self.snapshots[0]} {self.snapshots[1]})\n"
         )
 
@@ -199,6 +214,39 @@ __dy_post() {
   } >|"/proc/self/fd/${__dy_pfd[__dy_seq % 2]}" || builtin true
 }
 __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
+__dy_spre() {
+  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd || builtin true
+  __dy_n=${__dy_cmd%%$'\n'*} __dy_cmd=${__dy_cmd#*$'\n'}
+  __dy_n=${__dy_n##*' '}
+  if ! __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd"; then
+    __dy_sframe refused 2
+    return 1
+  fi
+  [[ -z $__dy_xv ]] || __dy_cmd="builtin set -$__dy_xv"$'\n'$__dy_cmd
+  [[ -z $__dy_e ]] || builtin set -e
+  return 0
+}
+__dy_eoff() { __dy_e=${-//[!e]/}; builtin set +e; }
+__dy_eon() { [[ -z $__dy_e ]] || builtin set -e; __dy_e=; }
+__dy_sgo() {
+  IFS= builtin read -r __dy_go || return 1
+  if [[ $__dy_go == "$__dy_T" ]]; then __dy_go=$__dy_L
+  elif [[ $__dy_go == "$__dy_T2" ]]; then __dy_go=$__dy_L2
+  else return 1; fi
+}
+__dy_rcset() { [[ $- == *e* ]] || return "$__dy_rc"; }
+__dy_sframe() {
+  builtin printf '@FRAME@' "$__dy_n" "$1" "$2" >&"$__dy_sfd"
+  builtin printf '%s' "$__dy_n" >|"/proc/self/fd/$__dy_mfd" || builtin true
+}
+__dy_sdone() { __dy_sframe ran "$1"; builtin exit "$1"; }
+__dy_spost() {
+  __dy_rc=$1 __dy_msg=
+  IFS= builtin read -r -d '' __dy_msg <"/proc/self/fd/$__dy_mfd" || builtin true
+  [[ $__dy_msg == "$2" ]] || builtin printf '@FRAME@' "$2" ran "$1" >&"$__dy_sfd"
+  __dy_msg=
+  __dy_eon
+}
 """.replace("@FRAME@", FRAME_PRINTF).replace("@STATE_END@", STATE_END_PRINTF)
 
 RUN_LINE = '\\__dy_pre\n\\builtin eval "$__dy_L"\n{ \\__dy_post "$?"; } 2>/dev/null\n'
@@ -228,6 +276,44 @@ def command_file(nonce: str, command: bytes) -> bytes:
 RUN_SEPARATE_LINE = RUN_LINE.replace("__dy_L", "__dy_L2")
 """The control line for a command whose stderr goes to the stderr pipe, apart from stdout."""
 
+SPARE_LINE = '\\__dy_eoff; \\builtin eval "$__dy_SP"\n'
+"""Fork a spare (see the module) and wait for it: the spare reads the next line. The agent's
+``set -e`` is off in the shell meanwhile (a failing call must not end the shell) and back on in
+the spare before the call runs; whatever follows the spare puts it back in the shell
+(:data:`RELEASE_LINE`, :func:`spare_post_line`). (Not a ``||`` list: a subshell started in one
+runs with ``set -e`` ignored, and ``builtin eval`` there would not even spare the shell.)"""
+
+TRIGGER_LINE = '\\builtin eval "$__dy_F"\n'
+"""Run the call in the command memfd in the waiting spare (read by the spare), or in a subshell
+forked now (read by the shell itself: the spare is gone)."""
+
+TRIGGER_SEPARATE_LINE = TRIGGER_LINE.replace("__dy_F", "__dy_F2")
+""":data:`TRIGGER_LINE` for a call whose stderr goes to the stderr pipe."""
+
+RELEASE_LINE = "\\builtin :\n\\__dy_eon\n"
+"""Makes a waiting spare exit unused (its first line; a no-op for the shell itself, should the
+spare be gone), then puts the agent's ``set -e`` back in the shell."""
+
+
+def spare_post_line(nonce: str) -> str:
+    """After a spare's call: frame its status (``ran``) unless the spare framed the call itself
+    (its nonce in the messages memfd); no snapshot."""
+    return f'{{ \\__dy_spost "$?" {nonce}; }} 2>/dev/null\n'
+
+
+def _subshell_text(run: str) -> str:
+    """What a spare (or a subshell forked at the call) runs: check the command (a refusal ends
+    it with status 2), give it the last status as ``$?``, run it at the subshell's top level."""
+    return (f"\\__dy_spre || \\builtin exit 2\n\\__dy_rcset\n\\builtin eval \"${run}\"\n"
+            '\\__dy_sdone "$?"')
+
+
+def _spare_text() -> str:
+    """The spare: one line from stdin; a trigger runs the call, anything else (or end of file)
+    ends it unused. (No reserved word in it: it is parsed when run, after the agent's aliases,
+    and bash expands an alias named ``case`` or ``{``.)"""
+    return f"( \\__dy_sgo || \\builtin exit 0\n{_subshell_text('__dy_go')} )"
+
 
 def _run_text(fds: ShellFds, separate: bool) -> str:
     """Run the command (eval at top level, so that ``cd``, assignments, ``export`` and
@@ -245,8 +331,20 @@ def _run_text(fds: ShellFds, separate: bool) -> str:
 
 
 
-_PROTOCOL_FUNCTIONS = "__dy_parse __dy_check __dy_pre __dy_post __dy_ping"
-_MUTABLE = "__dy_cmd= __dy_msg= __dy_chk=0 __dy_n= __dy_skip= __dy_xv=\n"
+_SPARE_TEXTS = " ".join(f"{name}={shlex.quote(text)}" for name, text in {
+    "__dy_F": f"( {_subshell_text('__dy_L')} )",
+    "__dy_F2": f"( {_subshell_text('__dy_L2')} )",
+    "__dy_T": TRIGGER_LINE.rstrip("\n"),
+    "__dy_T2": TRIGGER_SEPARATE_LINE.rstrip("\n"),
+    "__dy_SP": _spare_text(),
+}.items())
+"""The spares' read-only texts (the same in every shell): the subshells a trigger runs, the
+trigger lines as a spare compares them, and the spare itself."""
+
+_PROTOCOL_FUNCTIONS = ("__dy_parse __dy_check __dy_pre __dy_post __dy_ping __dy_spre"
+                       " __dy_eoff __dy_eon __dy_sgo __dy_rcset __dy_sframe __dy_sdone"
+                       " __dy_spost")
+_MUTABLE = "__dy_cmd= __dy_msg= __dy_chk=0 __dy_n= __dy_skip= __dy_xv= __dy_e=\n"
 """The protocol's variables that change per command, as a fresh shell starts them."""
 
 

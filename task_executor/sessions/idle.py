@@ -77,6 +77,11 @@ class Parking:
     def _kill_everything(self) -> None:
         raise NotImplementedError
 
+    def _release_spare(self) -> None:
+        """Let a spare subshell waiting for the next call go (it is the shell's, not the
+        agent's)."""
+        raise NotImplementedError
+
     @property
     def parked(self) -> bool:
         """Whether the shell is saved and stopped (its next command restarts it)."""
@@ -90,6 +95,7 @@ class Parking:
         try:
             if self._closed or self._parked is not None:
                 return self._parked is not None
+            self._release_spare()
             shell = self._shell_pids()
             if not shell or self._session_pids() - shell:
                 return False  # no shell to save, or the agent left something running

@@ -1,15 +1,16 @@
 """How one exec call runs in the session's shell: in the shell itself, or in a subshell of it.
 
-A *stateless* call (or one with a ``cwd`` or ``env`` of its own) runs its command in a ``( ... )``
-subshell of the session's shell: a fork of the live shell (about a millisecond, no new bash
-started), which sees the session's variables, functions and aliases, while whatever the command
-changes (``cd``, ``export``, functions, ``set`` options, ``exit``) dies with the subshell. This is
-what mini-swe-agent's ``execute(command, cwd)`` and SWE-ReX's ``execute(Command)`` expect.
+A *stateless* call (or one with a ``cwd`` or ``env`` of its own) runs its command in a subshell
+of the session's shell: a fork of the live shell (no new bash started), which sees the session's
+variables, functions and aliases, while whatever the command changes (``cd``, ``export``,
+functions, ``set`` options, ``exit``) dies with the subshell. This is what mini-swe-agent's
+``execute(command, cwd)`` and SWE-ReX's ``execute(Command)`` expect. The subshell is usually a
+*spare* forked after the previous call, so the fork is off the call's path
+(:mod:`~task_executor.sessions.framing`).
 
 The subshell's first line enters the directory and exports the variables; the command follows on
 lines of its own, so bash's parser (the session's syntax check) still sees the command as written
-and refuses it whole when it does not parse: an unterminated quote or heredoc swallows the closing
-parenthesis and is a syntax error. Only the line numbers of bash's messages shift, by
+and refuses it whole when it does not parse. Only the line numbers of bash's messages shift, by
 :data:`SUBSHELL_LINES`.
 """
 
@@ -46,7 +47,6 @@ def command_text(command: str, mode: CallMode) -> tuple[str, int]:
         # terminal's `cd missing && cmd` would, and nothing of the command runs.
         steps.append(f"builtin cd -- {shlex.quote(mode.cwd)} || builtin exit 1")
     steps += [f"builtin export {name}={shlex.quote(value)}" for name, value in mode.env.items()]
-    # Never an empty prologue: `( \n\n)` (an empty or comment-only command) is a syntax error,
-    # where a terminal, and SWE-ReX's execute, run it as a success.
+    # Always one line of prologue, so that bash's messages shift by SUBSHELL_LINES.
     prologue = "; ".join(steps) or "builtin :"
-    return f"( {prologue}\n{command}\n)", SUBSHELL_LINES
+    return f"{prologue}\n{command}", SUBSHELL_LINES

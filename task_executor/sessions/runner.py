@@ -75,9 +75,13 @@ from task_executor.sandbox.namespaces import Launcher, as_launcher
 from task_executor.sandbox.output import CappedOutput
 
 from .framing import (
+    RELEASE_LINE,
     RUN_LINE,
     RUN_SEPARATE_LINE,
+    SPARE_LINE,
     TOO_OLD_STATUS,
+    TRIGGER_LINE,
+    TRIGGER_SEPARATE_LINE,
     Frame,
     FrameError,
     FrameParser,
@@ -87,6 +91,7 @@ from .framing import (
     latest_state,
     ping_line,
     restore_line,
+    spare_post_line,
 )
 from .idle import Parked, Parking, shell_chain
 from .modes import DEFAULT_MODE, CallMode, command_text
@@ -125,6 +130,8 @@ class _Shell:
     status_fd: int
     pid_fd: int  # readable once the shell has exited
     status_w: int  # the number the shell knows its end of the status pipe by
+    spare_since: int | None = None
+    """Boot ticks when the shell was told to fork a spare that waits now (None: none waits)."""
 
     @property
     def pid(self) -> int:
@@ -376,7 +383,9 @@ class ShellSession(Parking):
         assert shell is not None
         out = CappedOutput(self._head, self._tail)
         err = CappedOutput(self._head, self._tail) if mode.separate_stderr else None
-        since = reaper.boot_ticks()
+        # A spare forked after the last call runs this one: what it starts is younger than it.
+        spare = shell.spare_since if mode.subshell else None
+        since = reaper.boot_ticks() if spare is None else spare
         nonce = secrets.token_hex(16)
         text, added_lines = command_text(command, mode)
         _rewrite(self._cmd_fd, command_file(nonce, _encode(text)))
@@ -388,7 +397,13 @@ class ShellSession(Parking):
         self._done.clear()
         self._running_since = since
         try:
-            self._send(RUN_SEPARATE_LINE if err is not None else RUN_LINE)
+            if mode.subshell:
+                shell.spare_since = None
+                trigger = TRIGGER_SEPARATE_LINE if err is not None else TRIGGER_LINE
+                self._send_raw(("" if spare is not None else SPARE_LINE) + trigger
+                               + spare_post_line(nonce))
+            else:
+                self._send(RUN_SEPARATE_LINE if err is not None else RUN_LINE)
             frame = self._await_frame(nonce, out, started + limit, err)
             if frame is None:
                 timed_out = not self._abandon
@@ -397,6 +412,8 @@ class ShellSession(Parking):
             else:
                 self._drain(out, self._pipe_size)
                 self._drain_fd(self._err_r, err if err is not None else out, self._pipe_size)
+                if mode.subshell:
+                    self._fork_spare(shell)
                 return self._answer(frame, out, err, added_lines)
         except FrameError as exc:
             error = str(exc)
@@ -550,6 +567,14 @@ class ShellSession(Parking):
                 out.write(chunk)
 
     def _send(self, line: str) -> None:
+        """Send control lines to the shell itself (a waiting spare is let go first)."""
+        assert self._shell is not None
+        if self._shell.spare_since is not None:
+            self._shell.spare_since = None
+            line = RELEASE_LINE + line
+        self._send_raw(line)
+
+    def _send_raw(self, line: str) -> None:
         assert self._shell is not None
         data = line.encode()
         try:
@@ -557,6 +582,23 @@ class ShellSession(Parking):
                 data = data[os.write(self._shell.stdin_fd, data) :]
         except BrokenPipeError as exc:
             raise _ShellGone from exc
+
+    def _fork_spare(self, shell: _Shell) -> None:
+        """Have the shell fork the spare the next subshell call runs in (after a subshell call:
+        an agent that makes one makes many). A shell gone meanwhile is the next call's to
+        recover."""
+        since = reaper.boot_ticks()
+        try:
+            self._send_raw(SPARE_LINE)
+        except _ShellGone:
+            return
+        shell.spare_since = since
+
+    def _release_spare(self) -> None:
+        """Let a waiting spare go (a ping: answered once it has exited), so that the shell's
+        children are the agent's alone."""
+        if self._shell is not None and self._shell.spare_since is not None:
+            self._ping(within=2.0)
 
     # -- shell lifecycle ----------------------------------------------------------------------
 
