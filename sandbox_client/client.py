@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json as _json
 import logging
 import random
 import time
@@ -42,6 +43,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar, overload
+from urllib.parse import urlencode
 
 import pydantic
 import requests
@@ -509,12 +511,32 @@ class SandboxClient:
         """``requests.Session.request`` without what a call to an executor never uses (cookies,
         hooks, proxies and .netrc, redirects): about a third of a short call's time in the
         client. The adapter sends it (and raises) exactly as the session would."""
-        prepared = requests.Request(
-            method, url, headers={**self._http.headers, **(headers or {})}, **send
-        ).prepare()
         return self._adapter.send(
-            prepared, timeout=(self.config.connect_timeout, read_timeout)
+            _prepare(method, url, {**self._http.headers, **(headers or {})}, **send),
+            timeout=(self.config.connect_timeout, read_timeout),
         )
+
+
+def _prepare(
+    method: str, url: str, headers: dict[str, str | bytes], *,
+    json: Any = None, data: bytes | None = None, params: Mapping[str, str] | None = None,
+) -> requests.PreparedRequest:
+    """The request as ``requests.Request(...).prepare()`` makes it, for the bodies this client
+    sends (JSON, bytes or none), without re-parsing and re-validating a URL this client built
+    itself (a tenth of the time)."""
+    prepared = requests.PreparedRequest()
+    prepared.method = method
+    prepared.url = f"{url}?{urlencode(params)}" if params else url
+    body: bytes | None = data
+    if json is not None:
+        body = _json.dumps(json, allow_nan=False).encode()
+        headers = {"Content-Type": "application/json", **headers}
+    if body is not None or method not in ("GET", "HEAD"):
+        headers = {**headers, "Content-Length": str(len(body or b""))}
+    prepared.headers = requests.structures.CaseInsensitiveDict(headers)
+    prepared.body = body
+    prepared.hooks = {"response": []}
+    return prepared
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
