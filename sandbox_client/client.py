@@ -527,7 +527,7 @@ def _prepare(
     prepared = requests.PreparedRequest()
     prepared.method = method
     prepared.url = f"{url}?{urlencode(params)}" if params else url
-    body: bytes | None = data
+    body: bytes | None = data or None  # as requests: an empty body is none
     if json is not None:
         body = _json.dumps(json, allow_nan=False).encode()
         headers = {"Content-Type": "application/json", **headers}

@@ -2,12 +2,15 @@
 itself, in a stateless subshell, with a cwd and env of its own, and with stderr apart.
 
 Runs :class:`~task_executor.sessions.runner.ShellSession` directly (no HTTP, no sandbox: the
-shell protocol's own cost, which the modes change), ``--calls`` calls per mode after 20 warm-ups,
-the modes alternating call by call so machine noise hits all alike. Prints p50/p90 per mode in
-ms, then one JSON line. Against a tree without the modes (an older checkout on PYTHONPATH) only
+shell protocol's own cost, which the modes change), ``--calls`` calls per mode after 20 warm-ups.
+The modes take turns in blocks of ``--block`` calls in a row (an agent's calls are mostly of one
+mode), with ``--pause-ms`` between calls, as a client's turn-around between an answer and its
+next call: a subshell call's spare is forked then (framing.py, "Spares"), so ``--block 1
+--pause-ms 0`` shows the worst case, every subshell call paying its fork. Prints p50/p90 per mode
+in ms, then one JSON line. Against a tree without the modes (an older checkout on PYTHONPATH) only
 the plain mode is measured, for a before/after figure. Nothing is asserted.
 
-    PYTHONPATH=. python scripts/bench/bench_exec_modes.py [--calls 300]
+    PYTHONPATH=. python scripts/bench/bench_exec_modes.py [--calls 300] [--block 20] [--pause-ms 1]
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def _modes(shell: ShellSession) -> dict[str, Callable[[], ExecResult]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--block", type=int, default=20, help="calls of one mode in a row")
+    parser.add_argument("--pause-ms", type=float, default=1.0, help="between two calls")
     args = parser.parse_args()
     with ShellSession(cwd="/tmp", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}) as shell:
         modes = _modes(shell)
@@ -48,12 +53,15 @@ def main() -> None:
             for _ in range(20):
                 run()
         times: dict[str, list[float]] = {name: [] for name in modes}
-        for _ in range(args.calls):
+        block = max(1, args.block)
+        for _ in range(-(-args.calls // block)):
             for name, run in modes.items():
-                started = time.perf_counter()
-                result = run()
-                times[name].append((time.perf_counter() - started) * 1000)
-                assert result.output == "hi\n", result
+                for _ in range(block):
+                    _pause(args.pause_ms / 1000)
+                    started = time.perf_counter()
+                    result = run()
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    assert result.output == "hi\n", result
     figures = {}
     for name, samples in times.items():
         cuts = statistics.quantiles(samples, n=10)
@@ -62,6 +70,13 @@ def main() -> None:
         p50, p90 = figures[name]["p50_ms"], figures[name]["p90_ms"]
         print(f"{name:16} p50 {p50:7.3f} ms  p90 {p90:7.3f} ms")
     print(json.dumps({"bench": "exec_modes", "calls": args.calls, **figures}))
+
+
+def _pause(seconds: float) -> None:
+    """Busy-wait (a sleep this short oversleeps by more than it lasts)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
 
 
 if __name__ == "__main__":
