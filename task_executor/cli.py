@@ -6,6 +6,7 @@ import argparse
 import logging
 import logging.handlers
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -95,6 +96,7 @@ def serve(settings: Settings, private_mounts: bool = False) -> None:
     from task_executor.service.limits import raise_open_files_limit
     from task_executor.service.server import make_server
 
+    stop_with_parent()
     # Before the app exists: what a killed predecessor left must be gone before work starts.
     # Still in the host's namespace, where a predecessor that had none left its mounts.
     base_dir_lock = lifecycle.take_over_base_dir(settings)
@@ -126,6 +128,24 @@ def serve(settings: Settings, private_mounts: bool = False) -> None:
     )
     lifecycle.serve_until_stopped(server, app)
     base_dir_lock.close()
+
+
+STOP_WITH_PARENT_VAR = "DOCKYARD_STOP_WITH_PARENT"
+
+
+def stop_with_parent() -> None:
+    """With ``DOCKYARD_STOP_WITH_PARENT=<pid>`` (``dockyard fleet up`` sets it for its workers),
+    the kernel sends this process SIGTERM when that parent dies, however it dies: a fleet killed
+    with SIGKILL left its executors serving, orphaned. Linux only; elsewhere ignored."""
+    parent = os.environ.pop(STOP_WITH_PARENT_VAR, "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the prctl: nobody will send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,6 +38,10 @@ from typing import Any, TextIO
 from ..client import SandboxClient
 from ..errors import TaskExecutorError
 
+STOP_WITH_PARENT_VAR = "DOCKYARD_STOP_WITH_PARENT"
+"""Tells ``task-executor serve`` the pid whose death must stop it (the executor's own name for
+it is the same)."""
+
 _LISTENING = re.compile(r"listening on (http://\S+)")
 _IN_USE = "Address already in use"
 ROOT_CACHE = Path("/var/cache/dockyard/fleet")
@@ -154,6 +158,9 @@ def start_worker(
         command += ["--threads", str(threads)]
     if token:
         env["API_TOKEN"] = token  # not on the command line, where `ps` would show it
+    # The worker stops when this process dies, however it dies: a `fleet up` killed with SIGKILL
+    # left its executors serving, orphaned.
+    env[STOP_WITH_PARENT_VAR] = str(os.getpid())
     # A fresh log per run: the base dir stays between runs, and the URL is read from this log.
     with open(log_path, "wb") as log_file:
         # Own session: a terminal's Ctrl-C reaches only us, and we stop the workers in order.
@@ -166,6 +173,7 @@ def start_worker(
             start_new_session=True,
         )
     return Worker(index, process, log_path)
+
 
 
 def wait_ready(

@@ -112,6 +112,34 @@ def test_fleet_up_serves_and_stops_cleanly(
         stderr.close()
 
 
+def test_a_fleet_killed_outright_takes_its_executors_along(tmp_path: Path) -> None:
+    # SIGKILL gives `fleet up` no chance to stop its workers: the kernel must (parent death).
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_client", "fleet", "up", "--workers", "1",
+         "--base-port", "0", "--base-dir", str(tmp_path / "fleet")],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )
+    assert fleet.stdout is not None
+    lines = []
+    for line in fleet.stdout:
+        lines.append(line)
+        if line.startswith("DOCKYARD_SANDBOX_URLS="):
+            break
+    (worker,) = [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
+    try:
+        fleet.kill()
+        fleet.wait()
+        deadline = time.monotonic() + 120  # a guard: it drains and exits on its SIGTERM
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker)
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        fleet.stdout.close()
+
+
 def run_fleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sandbox_client", "fleet", "up", "--workers", "2", *args],
