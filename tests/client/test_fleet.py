@@ -67,12 +67,7 @@ def test_fleet_up_serves_and_stops_cleanly(
         text=True,
     )
     try:
-        lines = []
-        assert fleet.stdout is not None
-        for line in fleet.stdout:
-            lines.append(line)
-            if line.startswith("DOCKYARD_SANDBOX_URLS="):
-                break
+        lines = lines_until_urls(fleet)
         urls = lines[-1].strip().split("=", 1)[1].split(",")
         pids = [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
         assert len(urls) == 2 and len(pids) == 2
@@ -112,6 +107,17 @@ def test_fleet_up_serves_and_stops_cleanly(
         stderr.close()
 
 
+def lines_until_urls(fleet: subprocess.Popen[str]) -> list[str]:
+    """What ``fleet up`` printed, up to its ``DOCKYARD_SANDBOX_URLS=`` line."""
+    assert fleet.stdout is not None
+    lines = []
+    for line in fleet.stdout:
+        lines.append(line)
+        if line.startswith("DOCKYARD_SANDBOX_URLS="):
+            break
+    return lines
+
+
 def test_a_fleet_killed_outright_takes_its_executors_along(tmp_path: Path) -> None:
     # SIGKILL gives `fleet up` no chance to stop its workers: the kernel must (parent death).
     fleet = subprocess.Popen(
@@ -120,12 +126,7 @@ def test_a_fleet_killed_outright_takes_its_executors_along(tmp_path: Path) -> No
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True,
     )
-    assert fleet.stdout is not None
-    lines = []
-    for line in fleet.stdout:
-        lines.append(line)
-        if line.startswith("DOCKYARD_SANDBOX_URLS="):
-            break
+    lines = lines_until_urls(fleet)
     (worker,) = [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
     try:
         fleet.kill()
@@ -221,12 +222,7 @@ def test_fleet_up_keeps_its_base_dir_in_the_cache_and_nothing_in_tmp(
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         try:
-            assert fleet.stdout is not None
-            lines = []
-            for line in fleet.stdout:
-                lines.append(line)
-                if line.startswith("DOCKYARD_SANDBOX_URLS="):
-                    break
+            lines = lines_until_urls(fleet)
             assert f"log {base}/worker-0.log" in lines[0]
             url = lines[-1].strip().split("=", 1)[1]
             with SandboxClient(url) as client:
