@@ -1,0 +1,86 @@
+"""The suite's pytest-xdist workers keep their mounts to themselves (tests/xdist_workers.py): a
+real two-worker run of a small suite in which each test mounts a tmpfs and looks for it in the
+controller's table, and the fallback where unshare is refused (not root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = '''
+import json, os, subprocess
+from pathlib import Path
+
+from task_executor.sandbox import executor_namespace
+
+
+def test_probe(tmp_path):
+    inherited = executor_namespace.recognise_inherited()
+    target = tmp_path / "mounted-by-{name}"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "probe", str(target)], check=True)
+    try:
+        report = {{
+            "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+            "namespace": inherited.kind,
+            "reason": inherited.reason,
+            "own": os.readlink("/proc/self/ns/mnt"),
+            "controller": os.readlink(f"/proc/{{os.getppid()}}/ns/mnt"),
+            "seen_here": str(target) in Path("/proc/self/mountinfo").read_text(),
+            "seen_by_controller": str(target) in Path(
+                f"/proc/{{os.getppid()}}/mountinfo").read_text(),
+        }}
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    Path(os.environ["PROBE_REPORTS"], "{name}.json").write_text(json.dumps(report))
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_each_worker_mounts_in_a_namespace_the_controller_does_not_see(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\n")  # this directory is the run's root
+    for name in ("first", "second"):
+        (suite / f"test_{name}.py").write_text(PROBE.format(name=name))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+         "tests.xdist_workers", "-n", "2", "--dist", "loadfile", "--basetemp",
+         str(tmp_path / "basetemp"), str(suite)],
+        cwd=suite, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_REPORTS": str(reports)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [json.loads(path.read_text()) for path in sorted(reports.glob("*.json"))]
+    assert len(seen) == 2, seen
+    for report in seen:
+        assert report["worker"] in ("gw0", "gw1"), report
+        assert report["namespace"] == "private", report
+        assert report["own"] != report["controller"], report
+        assert report["seen_here"] and not report["seen_by_controller"], report
+
+
+def test_a_worker_runs_as_plain_python_where_unshare_is_refused():
+    # As nobody (no CAP_SYS_ADMIN) unshare fails, and a worker under it could not start at all.
+    script = "from tests.xdist_workers import worker_python; print(worker_python())"
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    as_root = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert as_root.returncode == 0, as_root.stderr
+    if os.geteuid() == 0:
+        assert as_root.stdout.split()[:4] == ["unshare", "--mount", "--propagation", "slave"]
+        unprivileged = subprocess.run([*drop, sys.executable, "-c", script], cwd=ROOT,
+                                      capture_output=True, text=True, timeout=120,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert unprivileged.returncode == 0, unprivileged.stderr
+        assert unprivileged.stdout.split() == [sys.executable]
+    assert as_root.stdout.split()[-1] == sys.executable
