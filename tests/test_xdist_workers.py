@@ -107,3 +107,25 @@ def test_a_worker_runs_as_plain_python_where_unshare_is_refused():
         assert unprivileged.returncode == 0, unprivileged.stderr
         assert unprivileged.stdout.split() == [sys.executable]
     assert as_root.stdout.split()[-1] == sys.executable
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare --mount needs root")
+@pytest.mark.parametrize(("launcher", "expected"), [
+    ([], ("host", "not entered: the parent process's mount namespace")),
+    (["unshare", "--mount", "--propagation", "shared"], ("host", "inherited, but / propagates")),
+    (["unshare", "--mount", "--propagation", "slave"], ("private", "")),
+])
+def test_an_inherited_namespace_is_private_only_when_made_for_it_and_sealed(launcher, expected):
+    # What a worker's conftest relies on: the parent's own table, or a new one whose mounts are
+    # peers of the parent's (so what is mounted in it shows there too), is not private.
+    script = ("from task_executor.sandbox import executor_namespace\n"
+              "found = executor_namespace.recognise_inherited()\n"
+              "assert executor_namespace.current() == found\n"
+              "print(found.kind, found.reason, sep='|')\n")
+    done = subprocess.run([*launcher, sys.executable, "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    kind, reason = done.stdout.strip().split("|")
+    assert kind == expected[0]
+    assert reason.startswith(expected[1]), reason
