@@ -21,11 +21,13 @@ from task_executor.demo import DemoTask, make_demo_task
 # Plugins installed beside the test-suite (hypothesis, benchmark, ...) would load into every graded
 # pytest run and slow it down; graded runs in tests load only what they need.
 from tests.images import task_images  # noqa: E402,F401 -- a fixture, shared by modules
+from tests.xdist_workers import pytest_xdist_setupnodes  # noqa: E402,F401 -- workers' namespaces
 
 FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 _OWN_BASETEMP = pytest.StashKey[Path]()
+_WORKER_BASETEMP = pytest.StashKey[Path]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,10 +39,17 @@ def pytest_configure(config: pytest.Config) -> None:
     private mount namespace, as every ``task-executor serve`` keeps its own: in the host's
     table, another executor on the machine (another suite's, beside this one) copied them into
     its host view, and a workspace whose root it held could not be removed (EBUSY). Entered
-    before any thread starts; where it cannot be (not root), the host's table it is."""
+    before any thread starts; where it cannot be (not root), the host's table it is. A
+    pytest-xdist worker was started in one (tests/xdist_workers.py), and recognises it."""
     from task_executor.sandbox import executor_namespace
 
-    if os.geteuid() == 0:
+    if hasattr(config, "workerinput"):
+        executor_namespace.recognise_inherited()
+        # xdist gives each worker a directory in the controller's root (<root>/popen-gwN); what
+        # its executors left mounted there is in its namespace alone, released before it ends.
+        if config.option.basetemp:
+            config.stash[_WORKER_BASETEMP] = Path(config.option.basetemp)
+    elif os.geteuid() == 0:
         executor_namespace.enter_private()
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         # A temporary root of this run's own: pytest makes /tmp/pytest-of-<user> 0700 again at
@@ -52,10 +61,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    from task_executor.service.lifecycle import unmount_under
+
+    worker_base = config.stash.get(_WORKER_BASETEMP, None)
+    if worker_base is not None:
+        unmount_under(worker_base)  # the controller removes the tree once every worker is gone
     base = config.stash.get(_OWN_BASETEMP, None)
     if base is not None:
-        from task_executor.service.lifecycle import unmount_under
-
         unmount_under(base)
         shutil.rmtree(base, ignore_errors=True)
 

@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 def test_readme_first_screen_names_the_commands_ci_runs():
     first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:25])
-    test_command = "pip install -e '.[test,k8s]' && python -m pytest -q"
+    test_command = "pip install -e '.[test,k8s]' && python -m pytest -q -n 2 --dist loadfile"
     assert FIRST_COMMAND in first_screen
     assert test_command in first_screen
     assert test_command in (ROOT / ".ci/run").read_text()

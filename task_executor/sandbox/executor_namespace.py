@@ -17,8 +17,10 @@ namespace when the executor's processes are gone: a SIGKILL leaks no mount.
 A mount namespace belongs to a thread, not to the process: unshared with other threads running,
 only the calling one would move, and the executor would mount in two tables at once. So this
 happens while the process is single-threaded (it refuses otherwise), and an app built inside
-another process (the tests' in-process executors) never tries. Either way :func:`current` says
-which namespace is in force, and why, for ``/health``.
+another process (the tests' in-process executors) never tries. A process its launcher already
+put in one (``unshare --mount --propagation slave``, before its first thread: how the test
+suite's pytest-xdist workers start) has it recognised by :func:`recognise_inherited`. Either way
+:func:`current` says which namespace is in force, and why, for ``/health``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ def enter_private() -> ExecutorNamespace:
     global _current
     _current = _enter()
     return _current
+
+
+def recognise_inherited() -> ExecutorNamespace:
+    """Private when the launcher made this process's mount namespace (it is not its parent's) and
+    nothing mounted here propagates out (no mount is in a shared peer group); otherwise it is
+    the host's, and why is kept. Nothing is entered: for a process that has threads already."""
+    global _current
+    _current = _inherited()
+    return _current
+
+
+def _inherited() -> ExecutorNamespace:
+    own = os.readlink("/proc/self/ns/mnt")
+    if own == os.readlink(f"/proc/{os.getppid()}/ns/mnt"):
+        return ExecutorNamespace(False, "not entered: the parent process's mount namespace")
+    with open("/proc/self/mountinfo") as table:
+        shared = [line.split()[4] for line in table if " shared:" in line.split(" - ")[0]]
+    if shared:
+        return ExecutorNamespace(False, f"inherited, but {shared[0]} propagates to the host's")
+    return ExecutorNamespace(True)
 
 
 def _enter() -> ExecutorNamespace:
