@@ -47,7 +47,6 @@ from urllib.parse import urlencode
 
 import pydantic
 import requests
-from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
 
 from .config import ClientConfig, Timeout, resolve_config
@@ -76,6 +75,7 @@ from .protocol import (
 )
 from .routing import ExecutorStatus, Fleet, Kind, backoff_delay
 from .session import RemoteSession
+from .transport import ConnectFailed, WireAdapter
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +138,8 @@ class SandboxClient:
         self._http = requests.Session()
         # Proxy variables and .netrc are for humans; executors are called by pod IP directly.
         self._http.trust_env = False
-        # max_retries=0: urllib3 must never replay a request on its own (that is our decision).
-        adapter = HTTPAdapter(
-            pool_connections=len(self.config.urls),
-            pool_maxsize=self.config.pool_maxsize,
-            max_retries=0,
-        )
+        # Never replays a request on its own (that is our decision); see transport.
+        adapter = WireAdapter(pool_maxsize=self.config.pool_maxsize)
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
         self._adapter = adapter
@@ -510,7 +506,8 @@ class SandboxClient:
     ) -> requests.Response:
         """``requests.Session.request`` without what a call to an executor never uses (cookies,
         hooks, proxies and .netrc, redirects): about a third of a short call's time in the
-        client. The adapter sends it (and raises) exactly as the session would."""
+        client. The adapter (``transport.WireAdapter``) sends it and raises as requests'
+        own would."""
         return self._adapter.send(
             _prepare(method, url, {**self._http.headers, **(headers or {})}, **send),
             timeout=(self.config.connect_timeout, read_timeout),
@@ -559,7 +556,7 @@ def _transport_error(exc: requests.RequestException, what: str, url: str) -> Tas
     causes = list(_causes(exc))
     root = causes[-1]  # exc itself when nothing is linked to it (causes[0] is always exc)
     # NewConnectionError (refused, unresolvable) subclasses ConnectTimeoutError in urllib3.
-    if isinstance(exc, requests.ConnectTimeout) or any(
+    if isinstance(exc, (requests.ConnectTimeout, ConnectFailed)) or any(
         isinstance(c, ConnectTimeoutError) for c in causes
     ):
         return ExecutorUnreachable(f"{what}: could not connect ({root})", url=url)

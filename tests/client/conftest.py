@@ -69,7 +69,9 @@ def sleeps() -> Sleeps:
 @pytest.fixture
 def mocked() -> Iterator[responses.RequestsMock]:
     """``responses`` with passthrough for loopback URLs the test did not mock."""
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+    # The client's own adapter sends every request (sandbox_client/transport.py).
+    with responses.RequestsMock(assert_all_requests_are_fired=False,
+                                target="sandbox_client.transport.WireAdapter.send") as mock:
         yield mock
 
 
