@@ -35,14 +35,16 @@ def shell(tmp_path: Path) -> Iterator[ShellSession]:
 
 
 def spare_of(shell: ShellSession) -> int:
-    """The spare waiting now: the shell's only child (no launcher here: the shell is bash). The
-    shell forks it after answering, so it may take a moment to appear."""
+    """The spare waiting now: the shell's only child (no launcher here: the shell is bash),
+    found by a subshell call that reports its own pid. The spare that ran the call exits after
+    answering, and the next is forked once it is reaped, so wait for a child that is not it."""
+    ran = int(stateless(shell, "echo $BASHPID")[1])
     assert shell.pid is not None
     deadline = time.monotonic() + 30
-    while not (children := reaper.children(shell.pid)):
+    while (children := reaper.children(shell.pid)) in ([], [ran]):
         assert time.monotonic() < deadline, "no spare was forked"
         time.sleep(0.005)
-    assert len(children) == 1, f"expected one waiting spare, found {children}"
+    assert len(children) == 1 and children[0] != ran, children
     return children[0]
 
 
@@ -53,20 +55,13 @@ def stateless(shell: ShellSession, command: str, **mode: object) -> tuple[int | 
 
 
 def test_a_subshell_call_runs_in_the_spare_forked_after_the_last_one(shell):
-    first = stateless(shell, "echo $BASHPID")
     waiting = spare_of(shell)
-    assert int(first[1]) != waiting  # the first call had no spare yet: it forked its own
     assert stateless(shell, "echo $BASHPID") == (0, f"{waiting}\n")
-    deadline = time.monotonic() + 30
-    while reaper.children(shell.pid) in ([], [waiting]):  # until it is reaped and replaced
-        assert time.monotonic() < deadline, "no fresh spare for the next call"
-        time.sleep(0.005)
-    assert spare_of(shell) != waiting
+    assert spare_of(shell) not in (waiting, shell.pid)  # a fresh spare for each call
 
 
 def test_a_stateful_call_lets_the_spare_go_and_the_next_one_sees_its_changes(shell, tmp_path):
     (tmp_path / "sub").mkdir()
-    stateless(shell, "true")
     stale = spare_of(shell)
     assert shell.run("export X=1; cd sub; f() { echo fn; }").exit_code == 0
     assert reaper.children(shell.pid) == []  # let go (and reaped) before the command ran
@@ -76,7 +71,6 @@ def test_a_stateful_call_lets_the_spare_go_and_the_next_one_sees_its_changes(she
 
 def test_a_spare_killed_while_it_waits_is_replaced_by_a_subshell_at_the_call(shell):
     shell.run("export KEPT=yes")
-    stateless(shell, "true")
     killed = spare_of(shell)
     os.kill(killed, signal.SIGKILL)
     code, output = stateless(shell, "echo $KEPT $BASHPID")
@@ -128,7 +122,6 @@ def test_a_call_that_times_out_in_a_spare_takes_its_children_along(shell, tmp_pa
 
 def test_an_idle_shell_with_a_waiting_spare_is_parked(shell):
     shell.run("export KEPT=yes")
-    stateless(shell, "true")
     spare = spare_of(shell)
     assert shell.park() is True
     assert not alive(spare)
