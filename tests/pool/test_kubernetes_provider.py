@@ -10,6 +10,7 @@ storing, 500 after storing, slow deletes) leave no pod behind.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -70,7 +71,15 @@ def wait_phase(p: KubernetesProvider, name: str, phases: set[str],
             seen.append(status.phase)
         if status.phase in phases:
             return status
-        assert time.monotonic() < deadline, f"{name} stuck in {status}"
+        if time.monotonic() >= deadline:
+            # Once (a full two-worker run), pool-0 stayed "creating" past this guard: its ticket
+            # never finished. Say where every thread was, for the next time.
+            faulthandler.dump_traceback(all_threads=True)
+            entry = p._entry(name)
+            ticket = entry.ticket if entry is not None else None
+            pytest.fail(f"{name} stuck in {status}; ticket "
+                        f"{ticket and (ticket.state, ticket.record, ticket.error)}; provisioner "
+                        f"stats {p.provisioner.stats}, {p.provisioner.live_count()} live")
         time.sleep(0.02)
 
 
