@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 
-from bench_sessions import Dockyard, SweRex, pct, stop  # noqa: E402
+from bench_sessions import Dockyard, SweRex, interleaved, pct, stop  # noqa: E402
 from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from swerex.runtime.abstract import BashAction, CreateBashSessionRequest  # noqa: E402
 from swerex.runtime.remote import RemoteRuntime  # noqa: E402
@@ -46,26 +45,17 @@ from sandbox_client.integrations.swerex import DockyardRuntime  # noqa: E402
 from task_executor.demo import make_demo_task  # noqa: E402
 
 ECHO = "echo hi"
-WARMUP = 20
 
 
 def measure(runs: dict[str, Callable[[], str]], calls: int, blocks: int) -> dict[str, Any]:
     """p50/p90 (ms) per run; a call whose output is not ``hi`` counts as an error."""
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    errors = dict.fromkeys(runs, 0)
-    for run in runs.values():
-        for _ in range(WARMUP):
-            run()
-    for block in range(blocks):
-        for name in list(runs) if block % 2 == 0 else list(reversed(runs)):
-            for _ in range(calls // blocks + (block < calls % blocks)):
-                started = time.perf_counter()
-                output = runs[name]()
-                samples[name].append(time.perf_counter() - started)
-                errors[name] += output.strip() != "hi"
-    return {name: {"calls": len(s), "errors": errors[name], "mean_ms": statistics.fmean(s) * 1e3,
-                   "p50_ms": pct(s, 50) * 1e3, "p90_ms": pct(s, 90) * 1e3}
-            for name, s in samples.items()}
+    figures = {}
+    for name, timings in interleaved(runs, calls, blocks).items():
+        s = [took for took, _ in timings]
+        figures[name] = {"calls": len(s), "errors": sum(out.strip() != "hi" for _, out in timings),
+                         "mean_ms": statistics.fmean(s) * 1e3, "p50_ms": pct(s, 50) * 1e3,
+                         "p90_ms": pct(s, 90) * 1e3}
+    return figures
 
 
 def main() -> int:

@@ -264,28 +264,33 @@ class SweRex:
                 "requests": lambda: check(self.run(name, command)).json()}
 
 
-def latency(runs: dict[str, Run], calls: int, blocks: int) -> dict[str, dict[str, float]]:
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    inner: dict[str, list[float]] = {name: [] for name in runs}
-    errors = dict.fromkeys(runs, 0)
+def interleaved(runs: dict[str, Callable[[], Any]], calls: int,
+                blocks: int) -> dict[str, list[tuple[float, Any]]]:
+    """(seconds, result) of ``calls`` calls of each run after ``WARMUP`` warm-ups, the runs
+    taking turns in ``blocks`` blocks, every other block in reverse order, so machine noise hits
+    them alike."""
+    timings: dict[str, list[tuple[float, Any]]] = {name: [] for name in runs}
     for run in runs.values():
         for _ in range(WARMUP):
             run()
     for block in range(blocks):
         for name in list(runs) if block % 2 == 0 else list(reversed(runs)):
             for _ in range(calls // blocks + (block < calls % blocks)):
-                took, data = timed(runs[name])
-                samples[name].append(took)
-                errors[name] += not (data.get("exit_code") == 0
-                                     and data.get("output", "").strip() == "hi")
-                if "duration_s" in data:
-                    inner[name].append(data["duration_s"])
+                timings[name].append(timed(runs[name]))
+    return timings
+
+
+def latency(runs: dict[str, Run], calls: int, blocks: int) -> dict[str, dict[str, float]]:
     out = {}
-    for name, s in samples.items():
-        out[name] = {"calls": len(s), "errors": errors[name], "mean_ms": statistics.fmean(s) * 1e3,
+    for name, timings in interleaved(runs, calls, blocks).items():
+        s = [took for took, _ in timings]
+        errors = sum(not (data.get("exit_code") == 0 and data.get("output", "").strip() == "hi")
+                     for _, data in timings)
+        inner = [data["duration_s"] for _, data in timings if "duration_s" in data]
+        out[name] = {"calls": len(s), "errors": errors, "mean_ms": statistics.fmean(s) * 1e3,
                      **{f"p{p}_ms": pct(s, p) * 1e3 for p in (50, 90, 99)}}
-        if inner[name]:
-            out[name]["server_duration_p50_ms"] = pct(inner[name], 50) * 1e3
+        if inner:
+            out[name]["server_duration_p50_ms"] = pct(inner, 50) * 1e3
     return out
 
 
@@ -389,6 +394,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # both end in the finally below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     workdir = Path(tempfile.mkdtemp(prefix="dockyard-bench-"))
+    workdir.chmod(0o755)  # the sandbox uid must reach the base dir below it (fail closed else)
     servers: list[subprocess.Popen[bytes]] = []
     res: dict[str, Any] = {"calls": args.calls, "cpus": os.cpu_count(), "start": {},
                            "load_before": [round(x, 2) for x in os.getloadavg()]}
