@@ -189,17 +189,20 @@ class ShellFds:
 # which in __dy_xv) and __dy_pre puts them back as the command's first line, so the trace and
 # the echo show the agent's command and never the protocol's lines (the control line, a ping).
 _FUNCTIONS = r"""
-__dy_pre() {
+__dy_take() {
   IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd || builtin true
   __dy_n=${__dy_cmd%%$'\n'*} __dy_cmd=${__dy_cmd#*$'\n'}
   __dy_n=${__dy_n##*' '}
-  if ! __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd"; then
+  __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd" || return 1
+  [[ -z $__dy_xv ]] || __dy_cmd="builtin set -$__dy_xv"$'\n'$__dy_cmd
+  return 0
+}
+__dy_pre() {
+  if ! __dy_take; then
     __dy_rc=2 __dy_cmd= __dy_skip=1
     builtin printf '@FRAME@' "$__dy_n" refused 2 >&"$__dy_sfd"
-  elif [[ -n $__dy_xv ]]; then
-    __dy_cmd="builtin set -$__dy_xv"$'\n'$__dy_cmd
   fi
-  [[ $- == *e* ]] || return "$__dy_rc"
+  __dy_rcset
 }
 __dy_post() {
   if [[ -n $__dy_skip ]]; then __dy_skip=; return 0; fi
@@ -215,14 +218,10 @@ __dy_post() {
 }
 __dy_ping() { builtin printf '@FRAME@' "$1" ready 0 >&"$__dy_sfd"; }
 __dy_spre() {
-  IFS= builtin read -r -d '' -u "$__dy_cfd" __dy_cmd || builtin true
-  __dy_n=${__dy_cmd%%$'\n'*} __dy_cmd=${__dy_cmd#*$'\n'}
-  __dy_n=${__dy_n##*' '}
-  if ! __dy_check "/proc/self/fd/$__dy_cfd" "/proc/self/fd/$__dy_mfd"; then
+  if ! __dy_take; then
     __dy_sframe refused 2
     return 1
   fi
-  [[ -z $__dy_xv ]] || __dy_cmd="builtin set -$__dy_xv"$'\n'$__dy_cmd
   [[ -z $__dy_e ]] || builtin set -e
   return 0
 }
@@ -341,7 +340,7 @@ _SPARE_TEXTS = " ".join(f"{name}={shlex.quote(text)}" for name, text in {
 """The spares' read-only texts (the same in every shell): the subshells a trigger runs, the
 trigger lines as a spare compares them, and the spare itself."""
 
-_PROTOCOL_FUNCTIONS = ("__dy_parse __dy_check __dy_pre __dy_post __dy_ping __dy_spre"
+_PROTOCOL_FUNCTIONS = ("__dy_parse __dy_check __dy_take __dy_pre __dy_post __dy_ping __dy_spre"
                        " __dy_eoff __dy_eon __dy_sgo __dy_rcset __dy_sframe __dy_sdone"
                        " __dy_spost")
 _MUTABLE = "__dy_cmd= __dy_msg= __dy_chk=0 __dy_n= __dy_skip= __dy_xv= __dy_e=\n"
