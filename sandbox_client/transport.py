@@ -33,6 +33,7 @@ import select
 import socket
 import ssl
 import threading
+import weakref
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +58,9 @@ class WireAdapter(HTTPAdapter):
         self._maxsize = max(1, pool_maxsize)
         self._idle: dict[_Key, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
+        # As urllib3's pools do: kept connections are closed when the adapter is collected
+        # unclosed (a client dropped without close()), not left to raise ResourceWarning.
+        weakref.finalize(self, _close_all, self._idle)
 
     def send(  # type: ignore[override]
         self,
@@ -112,10 +116,7 @@ class WireAdapter(HTTPAdapter):
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, {}
-        for connections in idle.values():
-            for conn in connections:
-                conn.close()
+            _close_all(self._idle)
         super().close()
 
     def _take(self, key: _Key) -> http.client.HTTPConnection | None:
@@ -160,6 +161,14 @@ class WireAdapter(HTTPAdapter):
             conn.close()
             raise ConnectFailed(exc, request=request) from exc
         return conn
+
+
+def _close_all(idle: dict[_Key, list[http.client.HTTPConnection]]) -> None:
+    """Close and forget every kept connection (the dict stays: the finalizer holds it)."""
+    for connections in idle.values():
+        for conn in connections:
+            conn.close()
+    idle.clear()
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:

@@ -173,3 +173,21 @@ def test_other_schemes_and_hostless_urls_are_refused():
             send(adapter, "ftp://127.0.0.1/x")
         with pytest.raises(requests.exceptions.InvalidURL):
             send(adapter, "http:///path")
+
+
+def test_a_dropped_adapter_closes_its_kept_connections(serve):
+    # A client dropped without close(): its connections close with it, as urllib3's pools do,
+    # instead of each raising ResourceWarning (an error in this suite) whenever it is collected.
+    import gc
+    import warnings
+
+    server = serve(lambda request: answer(b"x"))
+    adapter = WireAdapter()
+    send(adapter, server.url)
+    kept = next(iter(adapter._idle.values()))[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del adapter
+        gc.collect()
+    assert kept.sock is None  # closed
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
