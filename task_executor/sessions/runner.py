@@ -175,6 +175,7 @@ class ShellSession(Parking):
         self._shell: _Shell | None = None
         self._parked: Parked | None = None
         self._running_since: int | None = None  # boot ticks at the running command's start
+        self._running_spare: int | None = None  # boot ticks at its spare's fork, if in one
         self._done = threading.Event()
         self._interrupted = False
         self._abandon = False
@@ -343,37 +344,42 @@ class ShellSession(Parking):
         shell itself), the shell is recovered from its saved state after another ``grace``.
         The running :meth:`run` answers ``interrupted``. False when nothing was running.
         Safe from another thread; never waits for the session's lock."""
-        since = self._running_since
+        since, spare = self._running_since, self._running_spare
         if since is None or self._done.is_set():
             return False
         self._interrupted = True
         for signum in (signal.SIGINT, signal.SIGKILL):
-            for pgid in self._command_groups(since):
-                try:
-                    os.killpg(pgid, signum)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _kill_groups(self._command_groups(since, spare), signum)
             if self._done.wait(grace):
                 return True
         self._abandon = True
         os.write(self._wake_w, b"!")
         return True
 
-    def _command_groups(self, since: int) -> set[int]:
+    def _command_groups(self, since: int, spare: int | None = None) -> set[int]:
         """The process groups of the shell's children started by the running command (each
-        job has its own, under job control; the shell's group is never among them)."""
+        job has its own, under job control; the shell's group is never among them); with
+        ``spare`` (when the spare was forked), the group of the spare running it too: the
+        youngest child since then (start times are clock ticks, and a background job of an
+        earlier command may share the spare's)."""
         shell = self._shell
         if shell is None:
             return set()
         bash = _innermost(shell.pid)
         own = reaper.read_proc(bash)
         groups = set()
+        youngest: tuple[int, int, int] | None = None
         for child in _children(bash):
             info = reaper.read_proc(child)
-            if info is None or info.start_ticks < since:
-                continue  # a background job of an earlier command keeps running
-            if own is None or info.pgid != own.pgid:
+            if info is None or (own is not None and info.pgid == own.pgid):
+                continue
+            if info.start_ticks >= since:
                 groups.add(info.pgid)
+            elif spare is not None and info.start_ticks >= spare:
+                youngest = max(youngest or (0, 0, 0), (info.start_ticks, child, info.pgid))
+            # else: a background job of an earlier command keeps running
+        if youngest is not None:
+            groups.add(youngest[2])
         return groups
 
     def _run_locked(
@@ -383,9 +389,12 @@ class ShellSession(Parking):
         assert shell is not None
         out = CappedOutput(self._head, self._tail)
         err = CappedOutput(self._head, self._tail) if mode.separate_stderr else None
-        # A spare forked after the last call runs this one: what it starts is younger than it.
+        # A spare forked after the last call runs this one. It is the shell's only child younger
+        # than its fork (the shell waits on it meanwhile), so an interrupt finds its group from
+        # then on; the sweep after a timeout keeps to what started since the call began: a
+        # background job's worker forked while the spare waited is not this call's.
         spare = shell.spare_since if mode.subshell else None
-        since = reaper.boot_ticks() if spare is None else spare
+        since = reaper.boot_ticks()
         nonce = secrets.token_hex(16)
         text, added_lines = command_text(command, mode)
         _rewrite(self._cmd_fd, command_file(nonce, _encode(text)))
@@ -395,7 +404,7 @@ class ShellSession(Parking):
         self._drain_fd(self._wake_r, None, 64)
         self._interrupted = self._abandon = False
         self._done.clear()
-        self._running_since = since
+        self._running_since, self._running_spare = since, spare
         try:
             if mode.subshell:
                 shell.spare_since = None
@@ -428,6 +437,8 @@ class ShellSession(Parking):
             # bash ends a list or loop whose job died of SIGINT as if it had been sent the
             # signal itself (the rest of the list must not run): a non-interactive shell exits.
             error = "interrupted; the shell was restarted from its state"
+        if spare is not None:  # the spare itself (a loop in it is no process of its own)
+            _kill_groups(self._command_groups(since, spare), signal.SIGKILL)
         self._recover(since=since, cwd=self._shell_cwd(), out=out)
         if self._closed:
             exit_code, error = None, "session closed while the command ran"
@@ -791,6 +802,14 @@ def _kill_now(shell: _Shell) -> None:
         pass
     os.close(shell.status_fd)
     os.close(shell.pid_fd)
+
+
+def _kill_groups(groups: set[int], signum: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _read_status(fd: int, parser: FrameParser) -> Frame | None:

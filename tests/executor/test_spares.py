@@ -35,17 +35,19 @@ def shell(tmp_path: Path) -> Iterator[ShellSession]:
 
 
 def spare_of(shell: ShellSession) -> int:
-    """The spare waiting now: the shell's only child (no launcher here: the shell is bash),
-    found by a subshell call that reports its own pid. The spare that ran the call exits after
-    answering, and the next is forked once it is reaped, so wait for a child that is not it."""
-    ran = int(stateless(shell, "echo $BASHPID")[1])
+    """The spare waiting now: the shell's child (no launcher here: the shell is bash) forked
+    after a subshell call that reports its own pid (children it had before, background jobs,
+    are not it). The spare that ran the call exits after answering, and the next is forked once
+    it is reaped, so wait for a child that is neither."""
     assert shell.pid is not None
+    before = set(reaper.children(shell.pid))
+    ran = int(stateless(shell, "echo $BASHPID")[1])
     deadline = time.monotonic() + 30
-    while (children := reaper.children(shell.pid)) in ([], [ran]):
+    while not (new := set(reaper.children(shell.pid)) - before - {ran}):
         assert time.monotonic() < deadline, "no spare was forked"
         time.sleep(0.005)
-    assert len(children) == 1 and children[0] != ran, children
-    return children[0]
+    assert len(new) == 1, new
+    return new.pop()
 
 
 def stateless(shell: ShellSession, command: str, **mode: object) -> tuple[int | None, str]:
@@ -154,3 +156,35 @@ def test_agent_aliases_do_not_reach_the_spares_own_text(shell):
     for _ in range(3):
         assert stateless(shell, "echo fine") == (0, "fine\n")
     assert stateless(shell, "cd /", cwd="/tmp", env={"A": "1"}) == (0, "")
+
+
+def test_a_timed_out_call_in_a_spare_spares_what_a_background_job_started_meanwhile(
+        shell, tmp_path):
+    # The spare waited since the last call; a worker a background job forked in that time is not
+    # the timed-out call's, and lives on (as a terminal's Ctrl-C would leave it).
+    started, worker = tmp_path / "go", tmp_path / "worker"
+    shell.run(f"( until [ -e {started} ]; do sleep 0.01; done; "
+              f"sleep 1000 & echo $! > {worker}; wait ) &")
+    spare_of(shell)  # a spare waits from here on
+    started.touch()
+    deadline = time.monotonic() + 30
+    while not (worker.exists() and worker.read_text().strip()):
+        assert time.monotonic() < deadline, "the background job never forked its worker"
+        time.sleep(0.01)
+    time.sleep(0.05)  # start times are clock ticks (10 ms): the call starts ticks after it
+    result = shell.run("sleep 1000", timeout=1, mode=STATELESS)
+    assert result.timed_out
+    assert alive(int(worker.read_text()))
+    assert stateless(shell, "echo on") == (0, "on\n")
+
+
+def test_a_loop_in_the_spare_itself_ends_at_its_timeout(shell):
+    spare = spare_of(shell)
+    time.sleep(0.05)  # the call starts clock ticks (10 ms) after the spare: older than the call
+    result = shell.run("while :; do :; done", timeout=1, mode=STATELESS)
+    assert result.timed_out
+    deadline = time.monotonic() + 30
+    while alive(spare):  # killed, not left spinning beside the fresh shell
+        assert time.monotonic() < deadline, "the spare that ran the loop still runs"
+        time.sleep(0.01)
+    assert stateless(shell, "echo on") == (0, "on\n")
