@@ -472,10 +472,14 @@ class ShellSession(Parking):
             **_stderr_fields(err),
         )
 
-    def _ping(self, within: float) -> bool:
-        """Under the lock: whether the shell answers a ping in time; if not, it is suspect."""
-        if self._closed or self._shell is None or not self._shell_running():
+    def _ping(self, within: float, keep_spare: bool = True) -> bool:
+        """Under the lock: whether the shell answers a ping in time; if not, it is suspect. A
+        spare the ping let go is forked again (``keep_spare``): a client polling the session's
+        state between subshell calls would otherwise put every next call's fork on its path."""
+        shell = self._shell
+        if self._closed or shell is None or not self._shell_running():
             return False
+        had_spare = shell.spare_since is not None
         nonce = secrets.token_hex(16)
         try:
             self._send(ping_line(nonce))
@@ -485,6 +489,8 @@ class ShellSession(Parking):
         if frame is None or frame.kind != "ready":
             self._suspect = True
             return False
+        if had_spare and keep_spare:
+            self._fork_spare(shell)
         return True
 
     def _exit_report(self, shell: _Shell) -> tuple[int | None, str]:
@@ -609,7 +615,7 @@ class ShellSession(Parking):
         """Let a waiting spare go (a ping: answered once it has exited), so that the shell's
         children are the agent's alone."""
         if self._shell is not None and self._shell.spare_since is not None:
-            self._ping(within=2.0)
+            self._ping(within=2.0, keep_spare=False)
 
     # -- shell lifecycle ----------------------------------------------------------------------
 

@@ -188,3 +188,15 @@ def test_a_loop_in_the_spare_itself_ends_at_its_timeout(shell):
         assert time.monotonic() < deadline, "the spare that ran the loop still runs"
         time.sleep(0.01)
     assert stateless(shell, "echo on") == (0, "on\n")
+
+
+def test_a_state_poll_between_calls_keeps_a_spare_waiting(shell):
+    # check_alive and saved_state ping the shell, which lets the spare go; one is forked again.
+    spare_of(shell)
+    assert shell.check_alive() is True
+    shell.saved_state()  # empty here: only subshell calls ran, which change no state
+    deadline = time.monotonic() + 30
+    while not (children := reaper.children(shell.pid)):
+        assert time.monotonic() < deadline, "no spare after the polls"
+        time.sleep(0.005)
+    assert stateless(shell, "echo $BASHPID") == (0, f"{children[0]}\n")
