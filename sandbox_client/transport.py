@@ -177,8 +177,12 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return True
+    # poll, not select: a trainer's process often holds more than 1,024 fds, which select()
+    # refuses (every kept connection would then look dropped, and none would be reused).
+    poller = select.poll()
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
 

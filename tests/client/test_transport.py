@@ -5,6 +5,7 @@ use, connect and read failures told apart, compressed bodies) and that a request
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import threading
 import zlib
@@ -191,3 +192,19 @@ def test_a_dropped_adapter_closes_its_kept_connections(serve):
         gc.collect()
     assert kept.sock is None  # closed
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_connections_are_kept_past_fd_1024(serve):
+    # A trainer's process with many files open: the kept connection's fd is above select()'s
+    # limit, and must still be found alive and reused.
+    server = serve(lambda request: answer(b"x"))
+    padding = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with WireAdapter() as adapter:
+            for _ in range(3):
+                send(adapter, server.url)
+            assert next(iter(adapter._idle.values()))[0].sock.fileno() > 1024
+    finally:
+        for fd in padding:
+            os.close(fd)
+    assert server.connections == 1
