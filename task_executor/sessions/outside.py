@@ -37,8 +37,10 @@ p=$1
 [ -f "$p" ] || exit 45
 [ -r "$p" ] || exit 43
 [ "$(stat -c %s -- "$p")" -le "$2" ] || exit 47
-exec cat -- "$p"
+exec head -c "$(($2 + 1))" -- "$p"
 """
+# head, not cat: the agent can swap the file for a larger one between the stat and the read
+# (a sparse 20 GB file costs it nothing); one byte past the cap says it did.
 _WRITE = r"""
 p=$1
 case $p in */) exit 46 ;; esac
@@ -73,6 +75,8 @@ class SandboxFiles:
 
     def read(self, path: str, cap: int) -> bytes:
         code, out, _ = self._run(_READ, [path, str(cap)], b"")
+        if code == 0 and len(out) > cap:
+            code = 47  # it grew past the cap after the size check
         if code != 0:
             _refuse(code, path, writing=False)
         return out

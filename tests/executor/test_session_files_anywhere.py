@@ -61,6 +61,14 @@ def test_a_file_outside_the_tree_is_the_sandboxs(shared_executor, session):
     assert directory.json()["error"]["code"] == "is_a_directory"
 
 
+def test_a_file_larger_than_its_size_check_is_too_large(shared_executor, session, monkeypatch):
+    # What the agent can do between the executor's size check and the read (swap in a larger
+    # file): a /proc file shows it without a race, its stat size 0, its bytes many.
+    monkeypatch.setattr("task_executor.sessions.manager.MAX_READ_BYTES", 16)
+    read = shared_executor.get(f"/session/{session}/file", params={"path": "/proc/self/status"})
+    assert read.status_code == 400 and read.json()["error"]["code"] == "too_large"
+
+
 def test_a_planted_symlink_to_etc_does_not_redirect_a_write(shared_executor, session):
     _exec(shared_executor, session, "ln -s /etc /tmp/x")
     refused = _put(shared_executor, session, "/tmp/x/dockyard-evil", b"pwned")
