@@ -335,8 +335,8 @@ class SessionManager:
     def upload(self, session_id: str, directory: str, data: bytes) -> UploadResult:
         """Extract a tar archive into ``directory`` (relative to the tree, or absolute) inside
         the sandbox, as the sandbox user; its members are checked first (see ``archive``)."""
-        checked = check_archive(data, self.settings.max_body_bytes)
-        with self._using(session_id) as session:
+        with self._using(session_id) as session:  # an unknown session costs no check
+            checked = check_archive(data, self.settings.max_body_bytes)
             target = posixpath.join(session.workspace.visible_path, directory)
             _files(session).extract(target, checked.tar)
         return UploadResult(files=checked.files, bytes=checked.bytes)

@@ -126,6 +126,8 @@ UNSAFE = {
                       (_member("m", tarfile.SYMTYPE, link="l/.."), None)],
     "through-symlink": [(_member("l", tarfile.SYMTYPE, link="sub"), None),
                         (_member("l/f"), b"x")],
+    "through-symlink-dot": [(_member("a/l", tarfile.SYMTYPE, link="b"), None),
+                            (_member("a/./l/x"), b"x")],
     "hardlink-out": [(_member("h", tarfile.LNKTYPE, link="/etc/passwd"), None)],
     "hardlink-dotdot": [(_member("h", tarfile.LNKTYPE, link="../x"), None)],
 }
@@ -139,6 +141,17 @@ def test_unsafe_archives_are_refused_whole(shared_executor, session, attack):
     assert answer.json()["error"]["code"] == "unsafe_archive"
     assert _exec(shared_executor, session, "ls /tmp/up 2>&1; ls /tmp")["output"].count(
         "first.txt") == 0
+
+
+def test_an_archive_of_too_many_entries_is_refused_before_it_is_read_whole(
+        shared_executor, session, monkeypatch):
+    # Entries weigh nothing against the byte cap; their count is capped on its own.
+    monkeypatch.setattr("task_executor.sessions.archive.MAX_MEMBERS", 50)
+    archive = _tar(*[(_member(f"d{i}", tarfile.DIRTYPE, mode=0o755), None) for i in range(51)])
+    answer = _upload(shared_executor, session, "/tmp/many", archive)
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+    fine = _tar(*[(_member(f"d{i}", tarfile.DIRTYPE, mode=0o755), None) for i in range(50)])
+    assert _upload(shared_executor, session, "/tmp/many", fine).status_code == 200
 
 
 def test_bad_and_oversized_archives(shared_executor, session):
