@@ -132,8 +132,7 @@ class RemoteSession:
             "stateless": stateless, "shell": shell, "stderr": stderr,
         })
         # Only what differs from the defaults: an older executor accepts the call unchanged.
-        body = request.model_dump(exclude_defaults=True)
-        body["command"] = command
+        body = request.model_dump(exclude_defaults=True)  # the command has no default: kept
         read = self.client.config.run_read_timeout(timeout or self._command_timeout)
         return self._call("POST", "/exec", ExecResult, read, json=body)
 

@@ -197,11 +197,11 @@ class DockyardRuntime(AbstractRuntime):
 
     async def upload(self, request: UploadRequest) -> UploadResponse:
         source, target = Path(request.source_path), PurePosixPath(request.target_path)
-        if source.is_dir():
-            archive, into = _tar_of_directory(source), str(target)
+        if source.is_dir():  # the session tars a directory itself, modes kept
+            await asyncio.to_thread(self.session.upload, source, str(target))
         else:
-            archive, into = _tar_of_file(source, target.name), str(target.parent)
-        await asyncio.to_thread(self.session.upload, archive, into)
+            archive = _tar_of_file(source, target.name)
+            await asyncio.to_thread(self.session.upload, archive, str(target.parent))
         return UploadResponse()
 
     async def close(self) -> CloseResponse:
@@ -269,13 +269,6 @@ def _tar_of_bytes(name: str, data: bytes, mode: int = 0o644) -> bytes:
 def _tar_of_file(source: Path, name: str) -> bytes:
     return _tar_of_bytes(name, source.read_bytes(), source.stat().st_mode & 0o7777)
 
-
-def _tar_of_directory(source: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for path in sorted(source.rglob("*")):
-            archive.add(path, arcname=str(path.relative_to(source)), recursive=False)
-    return buffer.getvalue()
 
 
 class DockyardDeploymentConfig(BaseModel):
