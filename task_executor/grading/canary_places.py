@@ -14,7 +14,10 @@ results lie about their equality. So the executor reads each test file the test 
   its type (a literal of that type from the same file where there is one, else a fresh one);
   one whose both sides are expressions compares with a fresh string. Under the reference fix
   the clone fails at that comparison (every statement before it ran in the original, which
-  passes); a result that equals anything passes it, and the run is ``tampered``.
+  passes); a result that equals anything passes it, and the run is ``tampered``. Code that is
+  merely wrong can return the decoy's value too (the unfixed ``add(2, 2)`` is 0, a literal of the
+  same file): a clone whose original test failed in the same run proves nothing, and is not
+  counted against the run (``canaries.check``).
 
 Only a top-level statement is changed, so nothing (an ``if``, a ``with pytest.raises``, a
 ``try``) can skip it or swallow its failure; a test marked skip or xfail, or async, is not
@@ -43,6 +46,8 @@ class Placed:
     text: str
     clones: list[str] = field(default_factory=list)
     """Names of the clones planted (each must fail)."""
+    originals: dict[str, str] = field(default_factory=dict)
+    """Each clone's name -> the name of the test it was cloned from."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ def place(source: str, owner: str, blocks: list[str], targets: list[str], clones
         spots = [target.start - 1] + [b for b in boundaries if b >= end]
         inserts.append((secrets.choice(spots), gap + text + gap))
         placed.clones.append(name)
+        placed.originals[name] = target.node.name
     for at, text in sorted(inserts, key=lambda item: item[0], reverse=True):
         lines.insert(at, text)
     placed.text = "".join(lines)
