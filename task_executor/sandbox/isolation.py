@@ -4,9 +4,10 @@ Code under test (tests, setup, session shells and all they start) is hostile and
 inside its sandbox by default, so the sandbox has to make that root worthless outside. Where
 bubblewrap works (``capabilities.detect``), a command runs as::
 
-    sh -c <join the workspace's cgroups>    pids and memory limits, joined before anything else
+    sh -c <join the workspace's cgroups>    pids and memory limits, joined before anything else;
+                                            RLIMIT_FSIZE (``ulimit -f``)
     setpriv --reuid=U ... --no-new-privs    the sandbox uid, no capabilities, none to regain
-    prlimit --fsize (--nproc)               rlimits (RLIMIT_NPROC only without a pids cgroup)
+    (prlimit --nproc)                       only without a pids cgroup
     bwrap --unshare-user --uid 0 ...        root inside = U outside, holding no capability over
                                             anything outside; new PID namespace and /proc, new
                                             mount, IPC, UTS (and, to deny egress, network)
@@ -138,28 +139,32 @@ class Sandbox:
         if deny_network and not self.capabilities.network_namespace:
             # Fail closed: callers check `can_deny_network` first; this is the last guard.
             raise RuntimeError("egress denial requested but network namespaces are unavailable")
-        rlimits = self.limits.prlimit_argv(nproc=group is None or "pids" not in group.directories)
+        nproc = group is None or "pids" not in group.directories
         cgroup_files = group.procs_files if group is not None else []
         if not self.active:
-            tail = rlimits
+            tail = self.limits.prlimit_argv(nproc=nproc)
             if self.run_as is not None:
                 uid, gid = self.run_as
                 tail = [*tail, host_program("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}",
                         f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
-            argv = [*_wrapper(cgroup_files, None, None), *tail] if cgroup_files else tail
+            argv = [*_wrapper(cgroup_files, None, None, None), *tail] if cgroup_files else tail
             return Launcher(tuple(argv), namespace)
+        # The file size limit is the wrapper's own `ulimit -f`: one exec (prlimit's) fewer on
+        # every start, about a millisecond.
+        rlimits = self.limits.prlimit_argv(nproc=nproc, fsize=False)
+        fsize = self.limits.fsize_blocks
         uid = self.capabilities.sandbox_uid
         assert uid is not None and self.capabilities.bwrap is not None
         options = self._bwrap_options(tree, tmp, deny_network, binds, chdir, group)
         seccomp = self.seccomp_filter
         if args_dir is None:
-            argv = [*_wrapper(cgroup_files, None, seccomp), *drop_to(uid), *rlimits,
+            argv = [*_wrapper(cgroup_files, None, seccomp, fsize), *drop_to(uid), *rlimits,
                     self.capabilities.bwrap, *options, "--"]
         else:
             args_files = (_write_args(args_dir, options),
                           _write_args(args_dir, [*options, "--unsetenv", "GLIBC_TUNABLES"]))
-            argv = [*_wrapper(cgroup_files, args_files, seccomp), *drop_to(uid), *rlimits,
-                    self.capabilities.bwrap, "--args", "3", "--"]
+            argv = [*_wrapper(cgroup_files, args_files, seccomp, fsize), *drop_to(uid),
+                    *rlimits, self.capabilities.bwrap, "--args", "3", "--"]
         return Launcher(tuple(argv), namespace, confined=True)  # bwrap's --unshare-pid
 
     def _bwrap_options(
@@ -217,7 +222,8 @@ class Sandbox:
 
 
 # The first thing a sandboxed command runs, as root: its own pid into each of its cgroups (a
-# failure aborts, 125: a command must never run outside its limits), the bubblewrap options file
+# failure aborts, 125: a command must never run outside its limits), its file size limit (POSIX
+# `ulimit -f`, soft and hard, in 512-byte blocks), the bubblewrap options file
 # opened on fd 3 (root-only; bwrap reads and closes it), the host's PWD forgotten (bwrap's
 # environment is readable inside), then the rest: setpriv, prlimit, bwrap.
 #
@@ -232,8 +238,10 @@ class Sandbox:
 # And the seccomp filter (see ``seccomp``), opened on fd 4 for bubblewrap's ``--seccomp 4``.
 SECCOMP_FD = 4
 _WRAPPER = (
-    'a=$1; b=$2; s=$3; n=$4; shift 4; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; '
-    'shift; n=$((n-1)); done; if [ -n "$s" ]; then exec 4< "$s" || exit 125; fi; '
+    'a=$1; b=$2; s=$3; f=$4; n=$5; shift 5; while [ "$n" -gt 0 ]; do '
+    'echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+    'if [ -n "$f" ]; then ulimit -f "$f" || exit 125; fi; '
+    'if [ -n "$s" ]; then exec 4< "$s" || exit 125; fi; '
     'if [ -n "$a" ]; then if [ -n "${GLIBC_TUNABLES+x}" ]; then '
     'exec 3< "$a" || exit 125; else export GLIBC_TUNABLES=' + MALLOC_TUNABLE + '; '
     'exec 3< "$b" || exit 125; fi; fi; unset PWD OLDPWD; exec "$@"'
@@ -257,10 +265,12 @@ def own_cgroup_binds(group: Group | None) -> list[tuple[str, str]]:
 
 
 def _wrapper(cgroup_files: list[str], args_files: tuple[Path, Path] | None,
-             seccomp: Path | None) -> list[str]:
+             seccomp: Path | None, fsize_blocks: int | None) -> list[str]:
     own, unsetting = args_files or ("", "")
     return [host_program("sh") or "/bin/sh", "-c", _WRAPPER, "dockyard-sandbox",
-            str(own), str(unsetting), str(seccomp or ""), str(len(cgroup_files)), *cgroup_files]
+            str(own), str(unsetting), str(seccomp or ""),
+            "" if fsize_blocks is None else str(fsize_blocks), str(len(cgroup_files)),
+            *cgroup_files]
 
 
 def _write_args(directory: Path, options: list[str]) -> Path:

@@ -39,11 +39,19 @@ class Limits:
     all_memory_bytes: int | None = None
     """Memory of all the executor's workspaces together (their parent memory cgroup)."""
 
-    def prlimit_argv(self, nproc: bool) -> list[str]:
-        """argv prefix setting the rlimits (RLIMIT_NPROC only when no pids cgroup binds)."""
+    def prlimit_argv(self, nproc: bool, fsize: bool = True) -> list[str]:
+        """argv prefix setting the rlimits (RLIMIT_NPROC only when no pids cgroup binds;
+        RLIMIT_FSIZE unless the caller sets it itself, see :attr:`fsize_blocks`)."""
         prlimit = _prlimit()
         if prlimit is None:
             return []
-        pairs = [("--nproc", self.pids if nproc else None), ("--fsize", self.fsize_bytes)]
+        pairs = [("--nproc", self.pids if nproc else None),
+                 ("--fsize", self.fsize_bytes if fsize else None)]
         options = [f"{flag}={value}" for flag, value in pairs if value is not None]
         return [prlimit, *options, "--"] if options else []
+
+    @property
+    def fsize_blocks(self) -> int | None:
+        """RLIMIT_FSIZE as POSIX ``ulimit -f`` takes it: in 512-byte blocks (dash, busybox and
+        bash as ``sh`` alike), rounded down."""
+        return None if self.fsize_bytes is None else self.fsize_bytes // 512

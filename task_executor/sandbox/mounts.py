@@ -154,6 +154,12 @@ def bind(source: Path, target: Path) -> None:
     _mount(str(source), target, "", MS_BIND | MS_REC, "")
 
 
+def bind_alone(source: Path, target: Path) -> None:
+    """Bind ``source`` at ``target`` without the mounts below it (what is on its own
+    filesystem only)."""
+    _mount(str(source), target, "", MS_BIND, "")
+
+
 def set_propagation(target: Path, kind: int, recursive: bool = False) -> None:
     """Make the mount at ``target`` (and below, with ``recursive``) MS_PRIVATE, MS_SLAVE or
     MS_SHARED."""

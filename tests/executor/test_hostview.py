@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from task_executor.sandbox.hostview import build_host_view
-from task_executor.sandbox.mounts import mounts_under, unmount_under
+from task_executor.sandbox.mounts import mount_tmpfs, mounts_under, unmount_under
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the view is made of mounts: root")
 
@@ -71,22 +71,95 @@ def test_hidden_directories_below_a_runtime_directory_stay_with_bubblewrap(base:
     assert view.prebuilt and view.hide == ("/usr/local/lib",)
 
 
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory on the host's own filesystem (not /tmp, which the view never shows)."""
+    directory = Path(tempfile.mkdtemp(prefix="dockyard-hostview-", dir="/var/tmp"))
+    yield directory
+    unmount_under(directory)
+    shutil.rmtree(directory)
+
+
+def view_mounts(view: Path) -> list[str]:
+    return [os.path.relpath(point, view) for point in mounts_under(view)]
+
+
 @pytest.mark.parametrize("hidden", [False, True])
-def test_a_hidden_directory_on_the_way_to_the_base_dir_is_left_out_not_covered(hidden: bool):
-    """A fleet's directory holds every worker's base dir: covered by a tmpfs, the binds of the
-    other workers' dirs would still be below the cover, named in every sandbox's mount table."""
-    fleet = Path(tempfile.mkdtemp(prefix="dockyard-hostview-fleet-", dir="/var/tmp"))
+def test_a_hidden_directory_on_the_way_to_the_base_dir_shows_nothing_of_its_own(
+        hidden: bool, scratch: Path) -> None:
+    """A fleet's directory holds every worker's base dir: hidden, nothing of the other
+    workers' shows (their files, their mounts), and none of their mounts is even in the view's
+    mount table, below a cover or not."""
+    fleet = scratch / "fleet"
     base, neighbour = fleet / "worker-0", fleet / "worker-1"
     (neighbour / "work").mkdir(parents=True)
+    (neighbour / "work" / "on-disk").write_text("x")
+    (neighbour / "mounted").mkdir()
+    mount_tmpfs(neighbour / "mounted", 1 << 20, mode=0o755)
+    (neighbour / "mounted" / "in-a-mount").write_text("x")
     base.mkdir()
-    try:
-        view = build_host_view(base / "view", base, (str(fleet),) if hidden else (),
-                               keep_hiding_below=(), mount_points=())
+    view = build_host_view(base / "view", base, (str(fleet),) if hidden else (),
+                           keep_hiding_below=(), mount_points=())
+    assert view.prebuilt, view.reason
+    seen = base / "view" / neighbour.relative_to("/")
+    # the control: both shown when not hidden
+    assert (seen / "work" / "on-disk").exists() is not hidden
+    assert (seen / "mounted" / "in-a-mount").exists() is not hidden
+    mounts = view_mounts(base / "view")
+    assert any("worker-1" in point for point in mounts) is not hidden
+    if hidden:
+        assert [p for p in mounts if "fleet" in p] == [str(fleet.relative_to("/"))]  # the cover
+        assert list((base / "view" / fleet.relative_to("/")).iterdir()) == []
+
+
+def test_the_base_dirs_neighbours_show_through_one_mount(scratch: Path) -> None:
+    """Every mount in the view is in every sandbox's mount table (bubblewrap reads it back
+    after each of its mounts): neighbours of the base dir no longer cost one each."""
+    base = scratch / "base"
+    base.mkdir()
+    counts = []
+    for siblings in (0, 30):
+        for n in range(siblings):
+            (scratch / f"sibling-{n}").mkdir(exist_ok=True)
+            (scratch / f"sibling-{n}" / "file").write_text(str(n))
+        view = build_host_view(base / "view", base, (), keep_hiding_below=(), mount_points=())
         assert view.prebuilt, view.reason
-        seen = base / "view" / neighbour.relative_to("/")
-        assert (seen / "work").is_dir() is not hidden  # the control: shown when not hidden
-        assert bool(mounts_under(base / "view" / fleet.relative_to("/"))) is not hidden
-        assert (base / "view" / fleet.relative_to("/")).exists() is not hidden
-    finally:
-        unmount_under(fleet)
-        shutil.rmtree(fleet)
+        shown = base / "view" / scratch.relative_to("/")
+        assert sorted(p.name for p in shown.iterdir()) == sorted(
+            ["base", *(f"sibling-{n}" for n in range(siblings))])
+        if siblings:
+            assert (shown / "sibling-29" / "file").read_text() == "29"
+        assert list((shown / "base").iterdir()) == []  # covered: the view is in there
+        counts.append(len(view_mounts(base / "view")))
+        unmount_under(base)
+    assert counts[0] == counts[1]
+
+
+def test_sys_is_shown_without_the_mounts_below_it(base: Path) -> None:
+    if not mounts_under(Path("/sys")):
+        pytest.skip("nothing is mounted below /sys here")
+    view = build_host_view(base / "view", base, (), keep_hiding_below=(), mount_points=())
+    assert view.prebuilt, view.reason
+    assert [p for p in view_mounts(base / "view") if p.startswith("sys")] == ["sys"]
+    assert (base / "view" / "sys" / "kernel").is_dir()  # sysfs itself is there
+
+
+def test_a_mount_holding_the_base_dir_shows_its_other_entries(scratch: Path) -> None:
+    disk = scratch / "disk"
+    disk.mkdir()
+    mount_tmpfs(disk, 1 << 20, mode=0o755)
+    (disk / "data").write_text("kept")
+    (disk / "inner").mkdir()
+    mount_tmpfs(disk / "inner", 1 << 20, mode=0o755)
+    (disk / "inner" / "deeper").write_text("kept too")
+    base = disk / "base"
+    (base / "secret").mkdir(parents=True)
+    view = build_host_view(base / "view", base, (), keep_hiding_below=(), mount_points=())
+    assert view.prebuilt, view.reason
+    shown = base / "view" / disk.relative_to("/")
+    assert (shown / "data").read_text() == "kept"
+    assert (shown / "inner" / "deeper").read_text() == "kept too"
+    assert list((shown / "base").iterdir()) == []
+    assert not any("base/view" in p for p in view_mounts(base / "view"))
+
+

@@ -712,6 +712,23 @@ def test_the_disk_quota_binds_root_and_spares_the_host(executor_factory, demo_ta
         "usable\n")
 
 
+def test_the_file_size_limit_binds_root_in_the_sandbox(executor_factory, demo_task):
+    """RLIMIT_FSIZE is set by the launcher's own shell (``ulimit -f``, in 512-byte blocks),
+    soft and hard: root inside holds no capability to raise it again. An odd size rounds down
+    to a whole block."""
+    executor = executor_factory(fsize_limit_bytes=4 * MiB + 100)
+    sandbox = _require_sandbox(executor)
+    assert sandbox["limits"]["file_size"] == {"limit": 4 * MiB + 100, "enforced_by": "rlimit"}
+    sid = _start(executor, demo_task)
+    limits = _exec(executor, sid, "grep 'Max file size' /proc/self/limits")["output"].split()
+    assert limits[3:6] == [str(4 * MiB), str(4 * MiB), "bytes"], limits
+    output = _exec(executor, sid, "ulimit -H -f unlimited 2>&1; echo raised=$?; "
+                                  "head -c $((5 << 20)) /dev/zero > /testbed/big 2>&1; "
+                                  "echo status=$?; stat -c %s /testbed/big")["output"]
+    assert "raised=1" in output and "status=153" in output, output  # 128 + SIGXFSZ
+    assert output.rstrip().endswith(str(4 * MiB)), output
+
+
 def test_dev_shm_is_private_and_size_limited(executor_factory, demo_task):
     executor = executor_factory(shm_bytes=8 * MiB)
     _require_sandbox(executor)
