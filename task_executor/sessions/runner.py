@@ -313,7 +313,8 @@ class ShellSession(Parking):
         capturing; a retried finish finds the session as it was, its processes aside)."""
         with self._lock:
             self._check_open()
-            self._sweep(grace=KILL_GRACE_S)  # as close() does: TERM, then KILL what is left
+            # TERM, then KILL what is left: what they write on TERM is in the diff captured next
+            self._sweep(grace=KILL_GRACE_S)
             self._kill_everything()
 
     def close(self) -> None:
@@ -325,9 +326,11 @@ class ShellSession(Parking):
             self._closed = True
         # Kill first, without the lock, so that a running command ends now (its run() then
         # sees the shell die and returns); then, holding the lock, sweep again and free fds.
-        self._sweep(grace=KILL_GRACE_S)
+        # SIGKILL at once: what a closed session's processes would do with a SIGTERM is
+        # thrown away with its workspace, and the grace's polls were 10 of a DELETE's 13 ms.
+        self._sweep(grace=0)
         with self._lock:
-            self._kill_everything()
+            self._kill_everything(grace=0)
             self._close_fds()
 
     def __enter__(self) -> ShellSession:
@@ -702,12 +705,12 @@ class ShellSession(Parking):
             start_in = "/"
         self._shell = self._spawn(start_in, snapshot + b"\n" + go + b"\n", out)
 
-    def _kill_everything(self) -> None:
+    def _kill_everything(self, grace: float = KILL_GRACE_S) -> None:
         within = self._within()  # read before the shell's death scatters its tree
         if self._shell is not None:
             _kill_now(self._shell)
             self._shell = None
-        self._sweep(grace=KILL_GRACE_S, within=within)
+        self._sweep(grace=grace, within=within)
 
     def _sweep(self, grace: float, within: reaper.Finder | None = None) -> None:
         """Kill every process of the session: marked, or in any session a shell of ours led."""
