@@ -28,7 +28,7 @@ from task_executor.sessions.manager import SessionManager
 from task_executor.workspaces.mirrors import MirrorCache
 from task_executor.workspaces.runtime import RuntimeLayers
 from task_executor.workspaces.templates import TemplateCache
-from task_executor.workspaces.workspace import WorkspaceFactory
+from task_executor.workspaces.workspace import WorkspaceFactory, launch_args_root
 
 from .capacity import Slots
 
@@ -173,6 +173,7 @@ class Services:
                                     source_root=settings.image_root or Path("/"))
             if "/root" in runtime.directories:  # the home is that layer, not an empty one
                 sandbox = replace(sandbox, home_is_layer=True)
+        args_root = launch_args_root(settings.base_dir, sandbox)
         namespaces = None
         if capabilities.sandbox:
             try:  # last: the clean namespace copies every mount made above
@@ -191,6 +192,7 @@ class Services:
             groups=groups,
             runtime=runtime,
             namespaces=namespaces,
+            args_root=args_root,
         )
         if sandbox.fixed_path is not None and settings.workspace_mode != "git-clone":
             # Templates pay off only where every workspace can see them at the fixed path.

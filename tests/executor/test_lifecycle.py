@@ -99,15 +99,16 @@ def owned_processes(base: Path) -> list[reaper.ProcInfo]:
 def assert_nothing_left(base: Path, pid: int | None = None) -> None:
     """Nothing of a dead executor's work. With ``pid``, the live process whose mount table is
     read (an executor serving as its own process keeps its mounts in a namespace of its own):
-    its own read-only runtime binds and host view (made at its start) are all that may be
-    mounted there. Without, no executor is left on ``base``: no mount namespace anywhere may
-    show anything of it."""
+    its own read-only runtime binds, host view and launcher option files' tmpfs (made at its
+    start) are all that may be mounted there. Without, no executor is left on ``base``: no
+    mount namespace anywhere may show anything of it."""
     assert owned_processes(base) == []
     if pid is None:
         assert mounts_anywhere(base) == []
     else:
         assert [m for m in mounts_under(base, pid)
-                if not m.startswith((f"{base}/runtime/", f"{base}/view"))] == []
+                if not m.startswith((f"{base}/runtime/", f"{base}/view"))
+                and m != f"{base}/launch-args"] == []
     assert sorted((base / "work").iterdir()) == []
 
 

@@ -539,3 +539,26 @@ def test_a_small_tree_goes_in_process_and_a_big_one_through_rm(tmp_path):
     remove_trees([big, locked], batch=1)
     assert not big.exists() and not locked.exists()
     assert (outside / "keep").read_text() == "kept"  # the symlink went, never followed
+
+
+def test_the_sandboxs_option_files_live_in_a_tmpfs_and_go_with_their_workspace(executor,
+                                                                                demo_task):
+    """Written on every workspace's first launch: in a root-only tmpfs, never the disk (two
+    files cost 1.25 ms there against 0.1 ms), and removed with the workspace."""
+    health = executor.get("/health").json()
+    if not health["capabilities"]["sandbox"]["user_namespace"]:
+        pytest.skip("no sandbox here")
+    args_root = executor.settings.base_dir / "launch-args"
+    table = Path("/proc/self/mountinfo").read_text().split("\n")
+    assert any(f" {args_root} " in line and " - tmpfs " in line for line in table)
+    assert args_root.stat().st_mode & 0o777 == 0o700
+    sid = _start(executor, demo_task)
+    assert _exec(executor, sid, "echo ok")["output"] == "ok\n"
+    (mine,) = args_root.iterdir()
+    assert {p.name[:7] for p in mine.iterdir()} == {".bwrap-"}
+    assert "--unshare-user" in next(mine.iterdir()).read_bytes().decode()
+    # nothing of them reaches the sandbox
+    seen = _exec(executor, sid, f"ls {args_root} 2>&1; ls /proc/1/fd")["output"]
+    assert "No such file" in seen and "\n3\n" not in seen
+    assert executor.delete(f"/session/{sid}").status_code == 200
+    assert list(args_root.iterdir()) == []
