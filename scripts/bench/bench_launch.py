@@ -42,16 +42,17 @@ def busy_ticks() -> int:
 
 
 def child(starts: int, launches: int, siblings: int) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_sandbox import private_mount_table
-
-    private_mount_table()
+    # Nothing of this checkout is imported here (bench_sandbox's helpers would put it first on
+    # sys.path): the child runs the checkout it was started for, in a mount namespace of its own
+    # (run_child starts it under unshare).
+    import task_executor
     from sandbox_client.protocol import SessionStartSpec
     from task_executor.config import Settings
     from task_executor.demo import make_demo_task
     from task_executor.service.lifecycle import release_mounts, unmount_under
     from task_executor.service.services import Services
 
+    assert Path(task_executor.__file__).is_relative_to(Path.cwd()), task_executor.__file__
     parent = Path(tempfile.mkdtemp(prefix="bench-launch-", dir="/var/tmp"))
     parent.chmod(0o755)
     for index in range(siblings):
@@ -98,7 +99,8 @@ def child(starts: int, launches: int, siblings: int) -> dict[str, float]:
 def run_child(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", "--starts", str(args.starts),
+        ["unshare", "--mount", "--propagation", "private",
+         sys.executable, str(Path(__file__).resolve()), "--child", "--starts", str(args.starts),
          "--launches", str(args.launches), "--siblings", str(args.siblings)],
         cwd=checkout, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:

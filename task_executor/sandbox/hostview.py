@@ -195,6 +195,10 @@ def _show(source: str, target: Path, mounts: list[str], unseen: list[str], view:
     base directory shows its other entries, never the base directory's own mounts). Mounts at
     or below an ``unseen`` path (another executor's workspaces, say) never reach a sandbox."""
     bind_alone(Path(source), target)
+    # A slave at once: bound from a shared mount (the host's / is shared on most machines) it
+    # would be a peer of it, and every mount made below it here (a cover, a mount shown again)
+    # would propagate back out, over the host's own directories.
+    set_propagation(target, MS_SLAVE)
     below = [point for point in mounts if point != source and _below(point, source)
              and not any(_below(point, hidden) for hidden in unseen)]
     for point in dict.fromkeys(below):
@@ -205,6 +209,7 @@ def _show(source: str, target: Path, mounts: list[str], unseen: list[str], view:
             _show(point, at, below, unseen, view, top)
         else:
             bind(Path(point), at)
+            set_propagation(at, MS_SLAVE, recursive=True)
 
 
 def _tear_down(view: Path) -> None:

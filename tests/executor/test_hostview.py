@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from task_executor.sandbox.hostview import build_host_view
-from task_executor.sandbox.mounts import mount_tmpfs, mounts_under, unmount_under
+from task_executor.sandbox.mounts import (
+    MS_SHARED,
+    mount_tmpfs,
+    mounts_under,
+    set_propagation,
+    unmount_under,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the view is made of mounts: root")
 
@@ -163,3 +169,23 @@ def test_a_mount_holding_the_base_dir_shows_its_other_entries(scratch: Path) -> 
     assert not any("base/view" in p for p in view_mounts(base / "view"))
 
 
+
+
+def test_nothing_made_in_the_view_propagates_back_to_a_shared_host(scratch: Path) -> None:
+    """On most hosts / is a shared mount: a directory bound from it into the view is a peer of
+    it, and a cover mounted below that bind (the base dir's, say) would land on the host's own
+    directory too, hiding the base dir from the executor itself."""
+    disk = scratch / "disk"
+    disk.mkdir()
+    mount_tmpfs(disk, 1 << 20, mode=0o755)
+    set_propagation(disk, MS_SHARED)
+    (disk / "neighbour").mkdir()
+    base = disk / "base"
+    (base / "work").mkdir(parents=True)
+    view = build_host_view(base / "view", base, (str(disk / "neighbour"),),
+                           keep_hiding_below=(), mount_points=())
+    assert view.prebuilt, view.reason
+    assert (base / "view" / disk.relative_to("/") / "base").is_dir()  # the cover, in the view
+    # ...and only there: the host's base dir and neighbour are as they were
+    assert [p for p in mounts_under(disk) if not p.startswith(f"{base}/view")] == []
+    assert (base / "work").is_dir()
