@@ -179,12 +179,14 @@ def make_read_only(target: Path, recursive: bool) -> None:
                          ctypes.sizeof(attr)), f"mount_setattr {target}")
 
 
-def clone_mount(source: Path) -> int:
-    """A detached copy of the mount at ``source`` (an fd for :func:`attach_mount`); it stays a
-    peer of the original, so mounts made below either appear below both."""
+def clone_mount(source: Path, recursive: bool = False) -> int:
+    """A detached copy of the mount at ``source`` (and, with ``recursive``, of every mount below
+    it), an fd for :func:`attach_mount`; it stays a peer of the original, so mounts made below
+    either appear below both."""
     open_tree = _syscalls()[0]
-    return _check(_libc.syscall(open_tree, _AT_FDCWD, os.fsencode(source),
-                                _OPEN_TREE_CLONE | os.O_CLOEXEC), f"open_tree {source}")
+    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | (_AT_RECURSIVE if recursive else 0)
+    return _check(_libc.syscall(open_tree, _AT_FDCWD, os.fsencode(source), flags),
+                  f"open_tree {source}")
 
 
 def attach_mount(tree: int, target: Path) -> None:

@@ -87,14 +87,34 @@ def _in_new_thread(work: Callable[[], _T]) -> _T:
 
 
 class MountNamespace:
-    """One workspace's launch namespace, held open by an fd (closing it frees the namespace)."""
+    """One workspace's launch namespace, held open by an fd (closing it frees the namespace).
 
-    def __init__(self, fd: int) -> None:
+    With ``remake``, it can be *released* while nothing runs in it (every shell of the session
+    parked): the fd is closed, and the next launch makes the namespace again. A parked session
+    then holds no fd at all, and every fd the executor holds is copied into (and closed again
+    in) each child it forks: 7 ms a launch at 16,800 fds against 0.8 ms at a few."""
+
+    def __init__(self, fd: int, remake: Callable[[], int] | None = None) -> None:
         self._fd = fd
+        self._remake = remake
+        self._closed = False
         self._lock = threading.Lock()  # close waits for a launch in progress
+
+    @property
+    def held(self) -> bool:
+        """Whether the namespace is open now (not released, not closed)."""
+        return self._fd >= 0
+
+    def release(self) -> None:
+        """Close the fd until the next launch (see the class); a no-op without ``remake``."""
+        with self._lock:
+            if self._fd >= 0 and self._remake is not None:
+                os.close(self._fd)
+                self._fd = -1
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -102,8 +122,11 @@ class MountNamespace:
     def popen(self, argv: list[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
         """``subprocess.Popen(argv, **options)``, the child started in this namespace."""
         with self._lock:
-            if self._fd < 0:
+            if self._closed or (self._fd < 0 and self._remake is None):
                 raise OSError(errno.ENOENT, "the workspace's mount namespace is closed")
+            if self._fd < 0:
+                assert self._remake is not None
+                self._fd = self._remake()
             return _spawner().popen(self._fd, argv, options)
 
 
@@ -197,15 +220,22 @@ class LaunchNamespaces:
         bind(holder, holder)
         try:
             set_propagation(holder, MS_SHARED)
-            tree = clone_mount(holder)
-            try:
-                fd = _in_new_thread(lambda: self._make_for(tree, holder))
-            finally:
-                os.close(tree)
+            fd = self._namespace_for(holder)
         except BaseException:
             unmount(holder)
             raise
-        return MountNamespace(fd)
+        return MountNamespace(fd, remake=lambda: self._namespace_for(holder))
+
+    def _namespace_for(self, holder: Path) -> int:
+        """A new launch namespace showing ``holder`` (bound on itself and shared) with every
+        mount below it now, and (as a peer) what is mounted there later."""
+        if self._clean < 0:
+            raise OSError(errno.ENOENT, "the launch namespaces are closed (shutting down)")
+        tree = clone_mount(holder, recursive=True)
+        try:
+            return _in_new_thread(lambda: self._make_for(tree, holder))
+        finally:
+            os.close(tree)
 
     def _make_for(self, tree: int, holder: Path) -> int:
         _check(_libc.setns(self._clean, _CLONE_NEWNS), "setns into the clean namespace")

@@ -523,11 +523,18 @@ class SessionManager:
         if after is None:
             return 0
         with self._guard:  # named shells too: each is saved and stopped on its own
-            shells = [(shell, s.last_used) for s in self._sessions.values()
-                      for shell in s.all_shells()]
+            sessions = list(self._sessions.values())
+        shells = [(shell, s.last_used) for s in sessions for shell in s.all_shells()]
         stopped = idle.park_idle(shells, after)
         if stopped:
             log.info("%d idle session shells saved and stopped", stopped)
+            # A session whose every shell is parked runs nothing: its launch namespace goes
+            # too (one fd each; the next launch makes it again).
+            for session in sessions:
+                namespace = session.workspace.namespace
+                if (namespace is not None and namespace.held and not session.closed
+                        and all(shell.parked for shell in session.all_shells())):
+                    namespace.release()
         return stopped
 
     def reap_idle(self) -> list[str]:

@@ -171,3 +171,41 @@ def test_named_shells_are_stopped_and_restored_each_with_its_own_state(
                           json={"command": 'echo "${PWD##*/} $WHO"', "shell": "build"})
     assert again.json()["output"] == "tests build\n", again.text
     assert _exec(executor, sid, 'echo "${PWD##*/} $WHO"')["output"] == "calc default\n"
+
+
+def _launch_namespaces_held() -> int:
+    """Mount namespace fds this process (the in-process executor's) holds."""
+    held = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{name}").startswith("mnt:")
+        except OSError:
+            continue
+    return held
+
+
+def test_a_stopped_session_holds_no_launch_namespace_and_makes_it_again(
+        executor_factory, demo_task):
+    """No fd per idle session (issue 24): with every shell parked, the session's launch
+    namespace goes; the next launch makes it again from the holder with everything mounted
+    below it (tree, /usr/local), and later mounts there (a reset's) still reach it."""
+    executor = executor_factory(session_idle_stop=IDLE_STOP_S)
+    sandbox = executor.get("/health").json()["capabilities"]["sandbox"]
+    if not sandbox["user_namespace"] or "launch_namespace" in sandbox["missing"]:
+        pytest.skip("no launch namespaces here")
+    # (the first launch ever opens the spawner's way home, for good)
+    assert executor.delete(f"/session/{_start(executor, demo_task)}").status_code == 200
+    before = _launch_namespaces_held()
+    sid = _start(executor, demo_task)
+    assert _launch_namespaces_held() == before + 1
+    _exec(executor, sid, "echo kept > /usr/local/kept && echo mine > mine.txt && cd calc")
+    wait_until(lambda: _stopped(executor, sid) and _launch_namespaces_held() == before)
+    seen = _exec(executor, sid, "pwd; cat /usr/local/kept ../mine.txt; grep -c 'a - b' "
+                                "__init__.py")
+    assert seen["output"] == "/testbed/calc\nkept\nmine\n1\n", seen
+    assert _launch_namespaces_held() == before + 1
+    assert executor.post(f"/session/{sid}/reset").status_code == 200
+    seen = _exec(executor, sid, "ls /testbed/mine.txt /usr/local/kept 2>&1 | grep -c 'No such'")
+    assert seen["output"] == "2\n", seen
+    assert executor.delete(f"/session/{sid}").status_code == 200
+    assert _launch_namespaces_held() == before
