@@ -34,7 +34,8 @@ def test_remote_session_features(shared_executor, task, tmp_path):
         wait_until(lambda: os.system("pgrep -f 'sleep 1000444' >/dev/null") == 0, timeout=30)
         assert s.interrupt() is True
         running.join(30)
-        assert answers[0].interrupted and answers[0].exit_code == 130
+        # 130 by SIGINT, 137 by the SIGKILL after the grace on a machine too loaded to run it
+        assert answers[0].interrupted and answers[0].exit_code in (130, 137), answers
         assert s.interrupt() is False
         tools = tmp_path / "tools"
         (tools / "bin").mkdir(parents=True)

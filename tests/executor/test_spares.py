@@ -107,7 +107,9 @@ def test_an_interrupted_call_in_a_spare_keeps_the_shell(shell, tmp_path):
         time.sleep(0.01)
     assert shell.interrupt() is True
     worker.join(timeout=30)
-    assert answers and answers[0].interrupted and answers[0].exit_code == 130
+    # 130 when SIGINT ended it, 137 when the SIGKILL after the grace did (a loaded machine can
+    # keep the call from running within the grace): interrupted either way, and the shell kept.
+    assert answers and answers[0].interrupted and answers[0].exit_code in (130, 137), answers
     assert not alive(int(started.read_text()))
     assert stateless(shell, "echo $KEPT") == (0, "yes\n")
 
