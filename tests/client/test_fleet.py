@@ -193,14 +193,29 @@ def test_fleet_reap_calls_the_provisioner(
     assert "3 pods deleted, 0 left" in capsys.readouterr().out
 
 
+def _two_adjacent_listeners() -> tuple[socket.socket, socket.socket]:
+    """Listening sockets on ports P and P + 1, both ours: a port merely believed free can be
+    taken by another test's executor meanwhile (CI saw "ports P-1, P" for "port P")."""
+    for _ in range(100):
+        first = socket.create_server(("127.0.0.1", 0))
+        try:
+            second = socket.create_server(("127.0.0.1", first.getsockname()[1] + 1))
+        except OSError:
+            first.close()
+            continue
+        return first, second
+    raise AssertionError("no two adjacent free ports on 127.0.0.1")
+
+
 def test_fleet_up_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as busy:
-        port = busy.getsockname()[1] - 1  # the second executor's port is the taken one
+    first, second = _two_adjacent_listeners()
+    with first, second:
+        port = first.getsockname()[1]
         result = run_fleet("--base-port", str(port), "--base-dir", str(tmp_path / "fleet"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"dockyard fleet: port {port + 1} on 127.0.0.1 already in use (another fleet or "
-        "executor?); stop it, or pick --base-port (0: any free ports)"
+        f"dockyard fleet: ports {port}, {port + 1} on 127.0.0.1 already in use (another fleet "
+        "or executor?); stop it, or pick --base-port (0: any free ports)"
     ]
     assert not (tmp_path / "fleet").exists()  # refused before anything started
 
