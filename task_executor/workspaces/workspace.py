@@ -447,14 +447,19 @@ class WorkspaceFactory:
         """Kill what runs in the workspace, unmount everything in it, remove it."""
         if group is not None:
             group.remove()
-        if self.runtime is not None:
-            self.runtime.unmount(holder)
-        for mounted in (holder / "merged", holder / "rw"):
-            if os.path.ismount(mounted):
-                unmount(mounted)
         if namespace is not None:
             namespace.close()
-            unmount(holder)  # bound on itself (os.path.ismount cannot tell: same device)
+            # Bound on itself (os.path.ismount cannot tell: same device): detached with all
+            # below it in one call, lazily. Each unmount may wait out an RCU grace period, and
+            # five of them one by one made a DELETE's slow tail (15-28 ms each at 3,000 parked
+            # sessions).
+            unmount(holder)
+        else:
+            if self.runtime is not None:
+                self.runtime.unmount(holder)
+            for mounted in (holder / "merged", holder / "rw"):
+                if os.path.ismount(mounted):
+                    unmount(mounted)
         if not remove_small_tree(holder):
             remove_tree(holder)
         self._remove_args(holder)
