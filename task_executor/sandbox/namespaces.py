@@ -89,12 +89,12 @@ def _in_new_thread(work: Callable[[], _T]) -> _T:
 class MountNamespace:
     """One workspace's launch namespace, held open by an fd (closing it frees the namespace).
 
-    With ``remake``, it can be *released* while nothing runs in it (every shell of the session
+    It can be *released* while nothing runs in it (every shell of the session
     parked): the fd is closed, and the next launch makes the namespace again. A parked session
     then holds no fd at all, and every fd the executor holds is copied into (and closed again
     in) each child it forks: 7 ms a launch at 16,800 fds against 0.8 ms at a few."""
 
-    def __init__(self, fd: int, remake: Callable[[], int] | None = None) -> None:
+    def __init__(self, fd: int, remake: Callable[[], int]) -> None:
         self._fd = fd
         self._remake = remake
         self._closed = False
@@ -106,9 +106,9 @@ class MountNamespace:
         return self._fd >= 0
 
     def release(self) -> None:
-        """Close the fd until the next launch (see the class); a no-op without ``remake``."""
+        """Close the fd until the next launch (see the class)."""
         with self._lock:
-            if self._fd >= 0 and self._remake is not None:
+            if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
 
@@ -122,10 +122,9 @@ class MountNamespace:
     def popen(self, argv: list[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
         """``subprocess.Popen(argv, **options)``, the child started in this namespace."""
         with self._lock:
-            if self._closed or (self._fd < 0 and self._remake is None):
+            if self._closed:
                 raise OSError(errno.ENOENT, "the workspace's mount namespace is closed")
             if self._fd < 0:
-                assert self._remake is not None
                 self._fd = self._remake()
             return _spawner().popen(self._fd, argv, options)
 

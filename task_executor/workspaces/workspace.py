@@ -466,13 +466,8 @@ class WorkspaceFactory:
         self._leave_bucket(holder)
 
     def _remove_args(self, holder: Path) -> None:
-        if self.args_root is None:
-            return
-        directory = self.args_dir(holder)
-        with contextlib.suppress(FileNotFoundError):
-            for entry in directory.iterdir():  # the executor's own files: no link, no tree
-                entry.unlink()
-            directory.rmdir()
+        if self.args_root is not None:
+            remove_small_tree(self.args_dir(holder))
 
     def _create_clone(
         self,
