@@ -44,6 +44,10 @@ class Settings:
     """Seconds after which an idle session's shell, with nothing else running, is saved and
     stopped, to be restarted from its state by the next command (None: never, which
     ``DOCKYARD_SESSION_IDLE_STOP=0`` asks for; see ``sessions.idle``)."""
+    session_launch: str = "wait"
+    """When a session's shell starts: ``wait`` (the start answers once the shell has), or
+    ``background`` (the start answers once the tree is ready; the shell starts right after, or
+    with the first call that needs it; see ``sessions.warmup``)."""
     command_timeout: float = 300.0
     output_cap_bytes: int = 64 * 1024
     # Seconds a SIGTERM'd executor lets running work finish before it kills it.
@@ -164,6 +168,8 @@ class Settings:
             problems.append("workspace_mode must be auto or git-clone")
         if self.fixed_path is not None and not self.fixed_path.startswith("/"):
             problems.append("fixed_path must be absolute")
+        if self.session_launch not in ("wait", "background"):
+            problems.append("session_launch must be wait or background")
         if self.session_idle_stop is not None and self.session_idle_stop <= 0:
             problems.append("session_idle_stop must be positive (or unset)")
         if self.max_sessions < 0:
@@ -332,6 +338,7 @@ _ENV = {
     "DOCKYARD_MAX_SESSIONS": ("max_sessions", int),
     "DOCKYARD_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
     "DOCKYARD_SESSION_IDLE_STOP": ("session_idle_stop", _optional_float),
+    "DOCKYARD_SESSION_LAUNCH": ("session_launch", str),
     "DOCKYARD_COMMAND_TIMEOUT": ("command_timeout", float),
     "DOCKYARD_SHUTDOWN_GRACE": ("shutdown_grace", float),
     "DOCKYARD_FIXED_PATH": ("fixed_path", str),

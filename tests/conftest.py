@@ -21,6 +21,7 @@ from task_executor.demo import DemoTask, make_demo_task
 # Plugins installed beside the test-suite (hypothesis, benchmark, ...) would load into every graded
 # pytest run and slow it down; graded runs in tests load only what they need.
 from tests.images import task_images  # noqa: E402,F401 -- a fixture, shared by modules
+from tests.processes import wait_until
 from tests.xdist_workers import pytest_xdist_setupnodes  # noqa: E402,F401 -- workers' namespaces
 
 FAST_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -200,6 +201,9 @@ class RunningExecutor:
         return self.post("/task/submit", json=body)
 
     def work_dirs(self) -> list[Path]:
+        """The workspaces left in the base directory, once the executor has removed every
+        deleted session's (a DELETE answers first, its reclaimer removes it after)."""
+        wait_until(lambda: self.get("/health").json()["load"]["sessions_removing"] == 0)
         return sorted((self.settings.base_dir / "work").glob("*"))
 
 

@@ -5,6 +5,9 @@ Starts ``python -m task_executor serve`` from this checkout on a fresh base dire
 ``DOCKYARD_MAX_SESSIONS`` raised to fit, then:
 
 1. DELETE at low density: ``--deletes`` sessions started and deleted with nothing else live;
+   then ``--pairs`` sessions started and sent their first command at once, and 0.2 s later
+   (an agent's model call): what ``--launch background`` (``DOCKYARD_SESSION_LAUNCH``) moves
+   out of the start, and where it goes;
 2. fills ``--sessions`` live sessions on a tiny git repo, one ``POST /session/start`` after the
    other, timing each: the start p50 / p99 by tenth of the run;
 3. if ``--idle-stop`` (seconds) is given, it is the executor's ``DOCKYARD_SESSION_IDLE_STOP``:
@@ -57,9 +60,10 @@ def ms_stats(seconds: list[float]) -> dict[str, float]:
             "max": round(max(ms), 2)}
 
 
-def serve(base: Path, sessions: int, idle_stop: float | None, log: Path) -> tuple[Any, str]:
+def serve(base: Path, sessions: int, idle_stop: float | None, log: Path,
+          launch: str = "wait") -> tuple[Any, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "DOCKYARD_MAX_SESSIONS": str(sessions + 50)}
+           "DOCKYARD_MAX_SESSIONS": str(sessions + 50), "DOCKYARD_SESSION_LAUNCH": launch}
     if idle_stop is not None:
         env["DOCKYARD_SESSION_IDLE_STOP"] = str(idle_stop)
     with log.open("wb") as out:
@@ -127,6 +131,27 @@ def fill(client: Client, body: dict[str, str], n: int) -> tuple[list[str], list[
     return ids, times, stopped
 
 
+def start_then_exec(client: Client, body: dict[str, str], pairs: int,
+                    pause: float) -> dict[str, dict[str, float]]:
+    """A session started and its first command sent ``pause`` seconds later (an agent's model
+    call between them), ``pairs`` times, one after the other: each call's time, and the start
+    and the command together (the pause not counted)."""
+    starts, execs, both = [], [], []
+    for _ in range(pairs):
+        began = time.perf_counter()
+        sid = client.post("/session/start", body)["session_id"]
+        started = time.perf_counter()
+        time.sleep(pause)
+        sent = time.perf_counter()
+        client.post(f"/session/{sid}/exec", TRUE)
+        done = time.perf_counter()
+        starts.append(started - began)
+        execs.append(done - sent)
+        both.append(done - sent + started - began)
+        client.send("DELETE", f"/session/{sid}")
+    return {"start": ms_stats(starts), "first_exec": ms_stats(execs), "together": ms_stats(both)}
+
+
 def by_tenth(times: list[float]) -> list[dict[str, float]]:
     tenth = max(1, len(times) // 10)
     return [ms_stats(times[i:i + tenth]) for i in range(0, len(times), tenth)][:10]
@@ -171,8 +196,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     repo = work / "repo"
     commit = make_repo(repo)
     base = work / "base"
-    proc, url = serve(base, args.sessions, args.idle_stop, work / "executor.log")
-    res: dict[str, Any] = {"sessions_asked": args.sessions, "idle_stop_s": args.idle_stop}
+    proc, url = serve(base, args.sessions, args.idle_stop, work / "executor.log", args.launch)
+    res: dict[str, Any] = {"sessions_asked": args.sessions, "idle_stop_s": args.idle_stop,
+                           "launch": args.launch}
     try:
         client = Client(url)
         body = {"repo": str(repo), "base_commit": commit}
@@ -182,6 +208,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         low = [client.post("/session/start", body)["session_id"] for _ in range(args.deletes)]
         res["delete_at_0"] = ms_stats(timed_calls(
             [lambda s=s: client.send("DELETE", f"/session/{s}") for s in low]))
+        for pause in (0.0, 0.2):
+            res[f"start_then_exec_after_{pause}s"] = start_then_exec(client, body, args.pairs,
+                                                                     pause)
         ids, times, res["fill_stopped_by"] = fill(client, body, args.sessions)
         n = len(ids)
         res["sessions"] = n
@@ -227,6 +256,8 @@ def report(res: dict[str, Any]) -> None:
     for i, tenth in enumerate(res["start_by_tenth"]):
         print(f"  start, tenth {i + 1}: p50 {tenth['p50']} ms, p99 {tenth['p99']} ms")
     print(f"start, whole run: {res['start_all']}")
+    for key in [k for k in res if k.startswith("start_then_exec")]:
+        print(f"{key.replace('_', ' ')} (none live): {res[key]}")
     if "idle_wait" in res:
         print(f"idle stop: {res['idle_wait']}")
     print(f"per session: {res['per_session']}")
@@ -245,6 +276,10 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--execs", type=int, default=200)
     parser.add_argument("--deletes", type=int, default=100)
+    parser.add_argument("--pairs", type=int, default=20,
+                        help="sessions started and sent a first command, before the fill")
+    parser.add_argument("--launch", choices=("wait", "background"), default="wait",
+                        help="DOCKYARD_SESSION_LAUNCH for the executor")
     parser.add_argument("--idle-stop", type=float, default=None,
                         help="DOCKYARD_SESSION_IDLE_STOP for the executor (seconds)")
     args = parser.parse_args()

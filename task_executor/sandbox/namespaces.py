@@ -215,15 +215,17 @@ class LaunchNamespaces:
 
     def for_holder(self, holder: Path) -> MountNamespace:
         """A launch namespace showing what gets mounted below ``holder`` (an empty directory:
-        it becomes a mount point, which the caller unmounts last when it is done)."""
+        it becomes a mount point, which the caller unmounts last when it is done).
+
+        The namespace itself is made by the first launch (as after a release): a session
+        whose shell starts later (``session_launch`` background) holds no fd until then."""
         bind(holder, holder)
         try:
             set_propagation(holder, MS_SHARED)
-            fd = self._namespace_for(holder)
         except BaseException:
             unmount(holder)
             raise
-        return MountNamespace(fd, remake=lambda: self._namespace_for(holder))
+        return MountNamespace(-1, remake=lambda: self._namespace_for(holder))
 
     def _namespace_for(self, holder: Path) -> int:
         """A new launch namespace showing ``holder`` (bound on itself and shared) with every

@@ -167,6 +167,11 @@ class _LiveState(Collector):
         )
         yield _gauge("dockyard_sessions_live", "Live sessions.", services.sessions.live)
         yield _gauge(
+            "dockyard_sessions_removing",
+            "Deleted sessions whose workspaces are still being removed.",
+            services.sessions.reclaiming,
+        )
+        yield _gauge(
             "dockyard_session_capacity", "Sessions allowed at once.", services.settings.max_sessions
         )
         for name, value in self.extra_state().items():

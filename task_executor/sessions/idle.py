@@ -37,6 +37,8 @@ class Parked:
     state: bytes
     cwd: str | None
     since: float
+    fresh: bool = False
+    """Started parked: no shell ran yet (its first starts from ``state``, in ``cwd``)."""
 
 
 class Parking:

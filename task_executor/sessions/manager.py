@@ -47,8 +47,10 @@ from .capture import CapturedPatch, CaptureFailed, capture_patch
 from .files import MAX_READ_BYTES, FileBytes, read_file, write_file
 from .modes import CallMode
 from .outside import SandboxFiles
+from .reclaim import Reclaimer
 from .runner import SessionClosed as ShellClosed
 from .runner import ShellSession, ShellStartError
+from .warmup import Warmup
 
 MAX_SHELLS = 16
 """Shells one session may hold ("default" included)."""
@@ -103,6 +105,9 @@ class SessionManager:
         self._guard = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
+        self._warmup = Warmup(max_wait=settings.session_idle_stop)
+        self._reclaimer = Reclaimer()
+        self._launch_now = settings.session_launch == "wait"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,8 +133,15 @@ class SessionManager:
                 self._starting -= 1
         with self._guard:
             self._sessions[session.session_id] = session
+        self._launch_later(session)
         log.info("session %s started (task %s)", session.session_id, spec.task_id)
         return self._started(session)
+
+    def _launch_later(self, session: Session) -> None:
+        """A shell started parked (``session_launch`` background) is launched by the warm-up
+        thread, unless the session's first call comes first."""
+        if session.shell.parked:
+            self._warmup.submit(session.shell)
 
     def _open(
         self,
@@ -171,6 +183,7 @@ class SessionManager:
             output_cap=self.settings.output_cap_bytes,
             launcher=workspace.launcher(deny_network),
             restore=restore,
+            launch=self._launch_now,
         )
 
     def close(self, session_id: str) -> None:
@@ -181,12 +194,13 @@ class SessionManager:
         for shell in session.all_shells():
             shell.close()
         with session.lock:
-            self._dispose(session)
+            self._dispose(session, remove_later=True)
 
     def close_all(self, keep_trees: bool = False) -> None:
         """Close every session; with ``keep_trees``, their trees are left for the caller to
         remove (see ``WorkspaceFactory.destroy_all``)."""
         self._stop.set()
+        self._warmup.close()  # no shell starts while they are being stopped
         with self._guard:
             sessions = list(self._sessions.values())
             self._sessions.clear()
@@ -199,7 +213,9 @@ class SessionManager:
             for failure in pool.map(self._close_shell_quietly, sessions):
                 if failure is not None:
                     log.error("closing a session failed: %r", failure)
-        self.workspaces.destroy_all([s.workspace for s in sessions], keep_trees=keep_trees)
+        closed = self._reclaimer.close()  # deleted sessions' workspaces not removed yet
+        self.workspaces.destroy_all([*closed, *(s.workspace for s in sessions)],
+                                    keep_trees=keep_trees)
         log.info("%d sessions closed", len(sessions))
 
     @staticmethod
@@ -220,8 +236,10 @@ class SessionManager:
             raise NotFound(f"no live session {session_id!r}", code="session_not_found")
         return session
 
-    @staticmethod
-    def _dispose(session: Session) -> None:
+    def _dispose(self, session: Session, remove_later: bool = False) -> None:
+        """Close the session's shells and remove its workspace; with ``remove_later``, once
+        nothing of it runs any more, the removal may be left to the reclaimer (see
+        ``reclaim``)."""
         if session.closed:
             return
         session.closed = True
@@ -229,8 +247,17 @@ class SessionManager:
             for shell in session.all_shells():
                 shell.close()
         finally:
-            session.workspace.destroy()
+            workspace = session.workspace
+            if workspace.group is not None:
+                workspace.group.kill_all()  # what no shell led (a grading's) dies now too
+            if not (remove_later and self._reclaimer.submit(workspace)):
+                workspace.destroy()
         log.info("session %s closed", session.session_id)
+
+    @property
+    def reclaiming(self) -> int:
+        """Closed sessions whose workspaces wait for removal."""
+        return self._reclaimer.waiting
 
     # ------------------------------------------------------------------ calls
 
@@ -438,6 +465,7 @@ class SessionManager:
                 self._starting -= 1
         with self._guard:
             self._sessions[forked.session_id] = forked
+        self._launch_later(forked)
         log.info("session %s forked from %s", forked.session_id, session_id)
         return self._started(forked)
 

@@ -156,9 +156,13 @@ class ShellSession(Parking):
         output_cap: int = 64 * 1024,
         launcher: Launcher | Sequence[str] = (),
         restore: tuple[bytes, str] | None = None,
+        launch: bool = True,
     ) -> None:
         """``launcher`` prefixes bash's argv (namespaces, limits); ``restore`` is a
-        (:meth:`saved_state`, cwd) pair from another session to start from (a fork)."""
+        (:meth:`saved_state`, cwd) pair from another session to start from (a fork).
+
+        Without ``launch`` the runner starts *parked* (see ``idle``): no process, no fd, until
+        the first call that needs the shell, or :meth:`launch_parked`, starts it."""
         self.commands_run = 0
         self._initial_cwd = cwd
         self._launcher = as_launcher(launcher)
@@ -173,32 +177,52 @@ class ShellSession(Parking):
         self._suspect = False
         self._sids: set[int] = set()
         self._shell: _Shell | None = None
-        self._parked: Parked | None = None
         self._running_since: int | None = None  # boot ticks at the running command's start
         self._running_spare: int | None = None  # boot ticks at its spare's fork, if in one
         self._done = threading.Event()
         self._interrupted = False
         self._abandon = False
-        self._open_fds()
+        self._forget_fds()
+        state, start_dir = restore or (b"", None)
+        self._parked: Parked | None = Parked(state, start_dir, time.monotonic(), fresh=True)
+        if launch:
+            self._launch_fresh()
+
+    def launch_parked(self) -> bool:
+        """Start the shell of a runner started parked, unless a call holds the runner (it
+        starts the shell itself); whether this started it. A failure leaves the runner as it
+        was: the next call tries again, and answers why."""
+        if not self._lock.acquire(blocking=False):
+            return False
         try:
-            if restore is None:
-                self._shell = self._spawn(cwd)
+            if self._closed or self._parked is None or not self._parked.fresh:
+                return False
+            self._launch_fresh()
+            return True
+        finally:
+            self._lock.release()
+
+    def _launch_fresh(self) -> None:
+        """Start the first shell of a runner started parked: nothing ran before it, so there is
+        nothing to sweep (a recovery's work); on failure, parked again and fd-free."""
+        parked = self._parked
+        assert parked is not None and parked.fresh
+        self._unpark()
+        try:
+            if parked.cwd is None:
+                self._shell = self._spawn(self._initial_cwd)
             else:
-                state, start_dir = restore
-                for fd in self._snap_fds:  # in both: the first new snapshot overwrites one
-                    os.pwrite(fd, state, 0)
-                go = b"builtin cd -- " + shlex.quote(start_dir).encode("utf-8", "surrogateescape")
-                self._shell = self._spawn(cwd, state + b"\n" + go + b"\n")
+                go = b"builtin cd -- " + shlex.quote(parked.cwd).encode("utf-8", "surrogateescape")
+                self._shell = self._spawn(self._initial_cwd, parked.state + b"\n" + go + b"\n")
         except BaseException:
             self._close_fds()
+            self._parked = parked
             raise
 
     def _open_fds(self) -> None:
         """The output and stderr pipes, the interrupt's wake-up pipe and the memfds of the
         protocol (all closed again if one fails)."""
-        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
-        self._err_r = self._err_w = self._wake_r = self._wake_w = -1
-        self._snap_fds: tuple[int, ...] = ()
+        self._forget_fds()
         try:
             self._out_r, out_w = os.pipe2(os.O_CLOEXEC)
             self._out_w = _high_fd(out_w)
@@ -251,6 +275,8 @@ class ShellSession(Parking):
                     duration_s=time.monotonic() - started,
                 )
             try:
+                if self._parked is not None and self._parked.fresh:
+                    self._launch_fresh()
                 self._unpark()
                 if self._suspect or not self._shell_running():
                     self._recover(since=reaper.boot_ticks(), cwd=self._shell_cwd())
@@ -260,7 +286,7 @@ class ShellSession(Parking):
                 # limit its own files and processes fill): an answer, never a 500; the next
                 # command tries again, and finish still captures and grades the tree.
                 result = ExecResult(exit_code=None, output="",
-                                    error=f"the shell could not be restarted: {exc}")
+                                    error=f"the shell could not be started: {exc}")
             result.duration_s = time.monotonic() - started
             return result
 
@@ -768,14 +794,17 @@ class ShellSession(Parking):
         if self._closed:
             raise SessionClosed("the shell session is closed")
 
+    def _forget_fds(self) -> None:
+        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
+        self._err_r = self._err_w = self._wake_r = self._wake_w = -1
+        self._snap_fds: tuple[int, ...] = ()
+
     def _close_fds(self) -> None:
         """Close the runner's fds once: a number closed twice may by then be another
         session's (a parked shell's are closed already)."""
         fds = (self._out_r, self._out_w, self._cmd_fd, *self._snap_fds, self._msg_fd,
                self._err_r, self._err_w, self._wake_r, self._wake_w)
-        self._out_r = self._out_w = self._cmd_fd = self._msg_fd = -1
-        self._err_r = self._err_w = self._wake_r = self._wake_w = -1
-        self._snap_fds = ()
+        self._forget_fds()
         for fd in fds:
             if fd < 0:
                 continue

@@ -150,7 +150,7 @@ def test_a_thousand_idle_sessions_hold_no_process_and_restore_on_demand(tmp_path
         for sid in ids:
             assert requests.delete(f"{server.url}/session/{sid}", timeout=60).status_code == 200
         assert owned_processes(tmp_path / "base") == []
-        assert sorted((tmp_path / "base" / "work").iterdir()) == []
+        wait_until(lambda: sorted((tmp_path / "base" / "work").iterdir()) == [])  # removed after
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=120) == 0
 
@@ -195,6 +195,7 @@ def test_a_stopped_session_holds_no_launch_namespace_and_makes_it_again(
         pytest.skip("no launch namespaces here")
     # (the first launch ever opens the spawner's way home, for good)
     assert executor.delete(f"/session/{_start(executor, demo_task)}").status_code == 200
+    assert executor.work_dirs() == []  # its namespace goes with its removal, after the DELETE
     before = _launch_namespaces_held()
     sid = _start(executor, demo_task)
     assert _launch_namespaces_held() == before + 1
@@ -208,4 +209,5 @@ def test_a_stopped_session_holds_no_launch_namespace_and_makes_it_again(
     seen = _exec(executor, sid, "ls /testbed/mine.txt /usr/local/kept 2>&1 | grep -c 'No such'")
     assert seen["output"] == "2\n", seen
     assert executor.delete(f"/session/{sid}").status_code == 200
+    assert executor.work_dirs() == []
     assert _launch_namespaces_held() == before

@@ -152,7 +152,7 @@ def _services(templates: object | None) -> SimpleNamespace:
     return SimpleNamespace(
         task_slots=SimpleNamespace(in_use=1, limit=4),
         exec_slots=SimpleNamespace(in_use=3, limit=5),
-        sessions=SimpleNamespace(live=2),
+        sessions=SimpleNamespace(live=2, reclaiming=0),
         settings=SimpleNamespace(max_sessions=8),
         workspaces=SimpleNamespace(templates=templates),
     )

@@ -186,8 +186,8 @@ def test_a_deep_tree_snapshots_counts_against_the_quota_and_deletes(executor_fac
     for session in (fork_id, sid):
         closed = executor.delete(f"/session/{session}")
         assert closed.status_code == 200, closed.text
-    assert not holder.exists()
     assert executor.work_dirs() == []
+    assert not holder.exists()
 
 
 def test_a_tree_too_deep_to_copy_is_a_clear_409_and_leaves_nothing(executor, demo_task):
@@ -210,6 +210,7 @@ def test_a_tree_too_deep_to_copy_is_a_clear_409_and_leaves_nothing(executor, dem
     assert not any((holder / "forks").glob("*"))
     assert _exec(executor, sid, "echo alive")["output"] == "alive\n"
     assert executor.delete(f"/session/{sid}").status_code == 200
+    assert executor.work_dirs() == []
     assert not holder.exists()
 
 

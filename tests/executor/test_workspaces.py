@@ -561,4 +561,5 @@ def test_the_sandboxs_option_files_live_in_a_tmpfs_and_go_with_their_workspace(e
     seen = _exec(executor, sid, f"ls {args_root} 2>&1; ls /proc/1/fd")["output"]
     assert "No such file" in seen and "\n3\n" not in seen
     assert executor.delete(f"/session/{sid}").status_code == 200
+    executor.work_dirs()  # (once the workspace is removed: after the DELETE's answer)
     assert list(args_root.iterdir()) == []

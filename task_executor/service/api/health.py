@@ -51,6 +51,7 @@ def health() -> dict:
             "execs_running": services.exec_slots.in_use,
             "exec_capacity": services.exec_slots.limit,
             "sessions": services.sessions.live,
+            "sessions_removing": services.sessions.reclaiming,
             "session_capacity": services.settings.max_sessions,
             "loadavg_1m": os.getloadavg()[0],
         },

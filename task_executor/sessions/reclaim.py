@@ -1,0 +1,91 @@
+"""Closed sessions' workspaces removed after their DELETE has answered (issue 24: DELETE flat).
+
+Once a session's processes are dead, what is left of it is kernel bookkeeping: its cgroups to
+remove (an rmdir waits for the memory controller to let go of the group: 20-30 ms at times), its
+holder to detach (an unmount may wait out an RCU grace period), its tree to delete. None of it
+is the caller's business, and at 10,000 sessions it made DELETE's slow tail (p99 105 ms against a
+p50 of 3 ms). So DELETE kills, answers, and leaves the rest to one thread here.
+
+At most ``limit`` workspaces wait: past that, a DELETE removes its own workspace, as it used to,
+so that a burst of deletes never holds more than ``limit`` dead workspaces' mounts and disk. At
+shutdown the ones still waiting go with the live sessions' workspaces, in one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+LIMIT = 64
+"""Workspaces waiting for removal at most (past it, DELETE removes its own)."""
+
+
+class Removable(Protocol):
+    def destroy(self) -> None: ...
+
+
+class Reclaimer:
+    """One thread removing the workspaces handed to :meth:`submit`, in order."""
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self._limit = limit
+        self._queue: queue.Queue[Removable | None] = queue.Queue()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._waiting = 0
+        self.failures = 0
+
+    @property
+    def waiting(self) -> int:
+        """Workspaces handed over and not removed yet (the one being removed included)."""
+        return self._waiting
+
+    def submit(self, workspace: Removable) -> bool:
+        """Take ``workspace`` for removal; False when full or closed (remove it yourself)."""
+        with self._guard:
+            if self._closed or self._waiting >= self._limit:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="reclaimer", daemon=True)
+                self._thread.start()
+            self._waiting += 1
+            self._queue.put(workspace)
+            return True
+
+    def close(self) -> list[Removable]:
+        """Stop (the removal in progress finishes) and return what still waits."""
+        with self._guard:
+            self._closed = True
+            thread = self._thread
+        left: list[Removable] = []
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return left
+            if item is not None:
+                left.append(item)
+
+    def _run(self) -> None:
+        while True:
+            workspace = self._queue.get()
+            if workspace is None:
+                return
+            try:
+                workspace.destroy()
+            except Exception:  # logged, never fatal: the next start sweeps what is left
+                self.failures += 1
+                log.exception("removing a closed session's workspace failed")
+            finally:
+                with self._guard:
+                    self._waiting -= 1
+            if self._closed:
+                return

@@ -1,0 +1,105 @@
+"""Deleted sessions' workspaces removed after the DELETE answered (issue 24, DELETE flat): what
+the answer guarantees at once (nothing of the session runs), what follows (no tree, mount or
+cgroup left), the bound on what may wait, and shutdown with removals waiting."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from sandbox_client import SandboxClient
+from task_executor.sessions.reclaim import Reclaimer
+from tests.executor.test_lifecycle import (
+    _cgroups_of,
+    assert_nothing_left,
+    owned_processes,
+    serving,
+    sleeping,
+    wait_for,
+)
+from tests.executor.test_sessions_api import _exec, _start
+from tests.processes import mounts_anywhere, wait_until
+
+
+def _workspace_groups(base) -> list:
+    return [child for parent in _cgroups_of(base) for child in parent.iterdir() if child.is_dir()]
+
+
+def test_delete_answers_with_nothing_running_and_the_rest_goes_after(executor, demo_task):
+    base = executor.settings.base_dir
+    sid = _start(executor, demo_task)
+    _exec(executor, sid, "setsid sleep 605 >/dev/null 2>&1 < /dev/null & echo data > new_file")
+    assert sleeping(base, "605") == 1
+    assert _workspace_groups(base) != [] and mounts_anywhere(base / "work") != []
+    assert executor.delete(f"/session/{sid}").status_code == 200
+    # At the answer: nothing of the session runs, and it is gone from the API.
+    assert owned_processes(base) == []
+    assert executor.get(f"/session/{sid}").status_code == 404
+    # Then: its tree, its mounts and its cgroups.
+    assert executor.work_dirs() == []
+    work = base / "work"
+    wait_until(lambda: not mounts_anywhere(work))
+    assert _workspace_groups(base) == []
+
+
+class _Workspace:
+    """Records its removal; ``hold`` keeps the removal waiting, ``fails`` makes it raise."""
+
+    def __init__(self, removed: list[str], name: str, hold: threading.Event | None = None,
+                 fails: bool = False) -> None:
+        self.removed, self.name, self.hold, self.fails = removed, name, hold, fails
+
+    def destroy(self) -> None:
+        if self.hold is not None:
+            self.hold.wait()
+        if self.fails:
+            raise OSError("busy")
+        self.removed.append(self.name)
+
+
+def test_the_reclaimer_is_bounded_survives_a_failure_and_hands_back_what_waits(caplog):
+    removed: list[str] = []
+    release = threading.Event()
+    reclaimer = Reclaimer(limit=3)
+    assert reclaimer.submit(_Workspace(removed, "held", hold=release))
+    assert reclaimer.submit(_Workspace(removed, "failing", fails=True))
+    assert reclaimer.submit(_Workspace(removed, "after"))
+    # Full: the caller removes its own.
+    assert reclaimer.waiting == 3 and reclaimer.submit(_Workspace(removed, "over")) is False
+    release.set()
+    wait_until(lambda: reclaimer.waiting == 0)
+    assert removed == ["held", "after"] and reclaimer.failures == 1
+    assert "removing a closed session's workspace failed" in caplog.text
+
+    # At close, the removal in progress finishes; what waits behind it is handed back.
+    release.clear()
+    assert reclaimer.submit(_Workspace(removed, "in-progress", hold=release))
+    waiting = [_Workspace(removed, f"waiting-{i}") for i in range(2)]
+    for workspace in waiting:
+        assert reclaimer.submit(workspace)
+    threading.Timer(0.2, release.set).start()
+    assert reclaimer.close() == waiting
+    assert removed[-1] == "in-progress"
+    assert reclaimer.submit(_Workspace(removed, "closed")) is False
+
+
+def test_sigterm_right_after_deletes_leaves_nothing(tmp_path, demo_task):
+    """Sessions deleted just before a SIGTERM (their removal maybe still waiting) and sessions
+    whose shell never started (``background``) go with the live ones."""
+    base = tmp_path / "base"
+    with serving(base, DOCKYARD_SESSION_LAUNCH="background",
+                 DOCKYARD_MAX_SESSIONS="40") as server:
+        client = SandboxClient(urls=[server.url])
+        spec = {"repo": demo_task.repo, "base_commit": demo_task.base_commit}
+        sessions = [client.start_session(spec) for _ in range(24)]
+        for session in sessions[:4]:
+            session.exec("setsid sleep 606 >/dev/null 2>&1 < /dev/null &")
+        wait_for(lambda: sleeping(base, "606") == 4, 30, "the background sleeps")
+        for session in sessions[:16]:
+            session.close()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+        client.close()
+    assert_nothing_left(base)
+    assert _cgroups_of(base) == []
+    assert "8 sessions closed" in (base / "task_executor.log").read_text()
