@@ -248,8 +248,10 @@ class SessionManager:
                 shell.close()
         finally:
             workspace = session.workspace
-            if workspace.group is not None:
-                workspace.group.kill_all()  # what no shell led (a grading's) dies now too
+            # Confined shells took everything they started with them (their PID namespaces);
+            # unconfined ones may have lost a process that cleared its marker: its cgroup has it.
+            if workspace.group is not None and not session.shell.confined:
+                workspace.group.kill_all()
             if not (remove_later and self._reclaimer.submit(workspace)):
                 workspace.destroy()
         log.info("session %s closed", session.session_id)

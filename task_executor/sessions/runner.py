@@ -254,6 +254,11 @@ class ShellSession(Parking):
         return self._shell.pid if self._shell is not None else None
 
     @property
+    def confined(self) -> bool:
+        """Every process the shell starts stays in its PID namespace (see ``Launcher``)."""
+        return self._launcher.confined
+
+    @property
     def marker(self) -> str:
         """Value of :data:`~task_executor.reaper.MARKER_VAR` in every process of the session."""
         return self._marker

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
+
+import pytest
 
 from sandbox_client import SandboxClient
 from task_executor.sessions.reclaim import Reclaimer
@@ -21,19 +24,41 @@ from tests.executor.test_sessions_api import _exec, _start
 from tests.processes import mounts_anywhere, wait_until
 
 
+def _sleeps(base) -> int:
+    """``sleep 605`` processes of this test, by command line (an ``env -i`` one carries no
+    owner mark), in the executor's cgroups."""
+    pids = {pid for parent in _cgroups_of(base) for procs in parent.glob("*/cgroup.procs")
+            for pid in procs.read_text().split()}  # each controller lists them all
+    count = 0
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        count += argv[:2] == [b"sleep", b"605"]
+    return count
+
+
 def _workspace_groups(base) -> list:
     return [child for parent in _cgroups_of(base) for child in parent.iterdir() if child.is_dir()]
 
 
-def test_delete_answers_with_nothing_running_and_the_rest_goes_after(executor, demo_task):
+@pytest.mark.parametrize("sandbox_mode", ["auto", "none"])
+def test_delete_answers_with_nothing_running_and_the_rest_goes_after(
+        executor_factory, demo_task, sandbox_mode):
+    """A daemon that left the shell's session and cleared its environment is dead at the
+    answer: sandboxed, with the shell's PID namespace; without the sandbox, found by the
+    session's sweep (and, should that miss it, by its workspace's cgroup)."""
+    executor = executor_factory(sandbox_mode=sandbox_mode)
     base = executor.settings.base_dir
     sid = _start(executor, demo_task)
-    _exec(executor, sid, "setsid sleep 605 >/dev/null 2>&1 < /dev/null & echo data > new_file")
-    assert sleeping(base, "605") == 1
-    assert _workspace_groups(base) != [] and mounts_anywhere(base / "work") != []
+    _exec(executor, sid, "env -i setsid sleep 605 >/dev/null 2>&1 < /dev/null & echo x > new")
+    wait_until(lambda: _sleeps(base) == 1)
+    assert _workspace_groups(base) != []
+    assert (mounts_anywhere(base / "work") != []) is (sandbox_mode == "auto")  # none: a clone
     assert executor.delete(f"/session/{sid}").status_code == 200
     # At the answer: nothing of the session runs, and it is gone from the API.
-    assert owned_processes(base) == []
+    assert owned_processes(base) == [] and _sleeps(base) == 0
     assert executor.get(f"/session/{sid}").status_code == 404
     # Then: its tree, its mounts and its cgroups.
     assert executor.work_dirs() == []
