@@ -4,7 +4,8 @@ Starts ``python -m task_executor serve`` from this checkout on a fresh base dire
 /var/tmp (in a private copy of the machine's mount table, see bench_sandbox), with
 ``DOCKYARD_MAX_SESSIONS`` raised to fit, then:
 
-1. DELETE at low density: ``--deletes`` sessions started and deleted with nothing else live;
+1. DELETE at low density: ``--deletes`` sessions started and deleted with nothing else live
+   (with ``--idle-stop``, once their shells are stopped, as they are at density);
    then ``--pairs`` sessions started and sent their first command at once, and 0.2 s later
    (an agent's model call): what ``--launch background`` (``DOCKYARD_SESSION_LAUNCH``) moves
    out of the start, and where it goes;
@@ -206,6 +207,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         time.sleep(1.0)
         empty = snapshot(proc)
         low = [client.post("/session/start", body)["session_id"] for _ in range(args.deletes)]
+        if args.idle_stop is not None:  # deleted as the ones at density will be: stopped
+            time.sleep(args.idle_stop + 1.0)  # (a background launch comes first, if any)
+            res["idle_wait_at_0"] = wait_stopped(proc, empty["processes"])
         res["delete_at_0"] = ms_stats(timed_calls(
             [lambda s=s: client.send("DELETE", f"/session/{s}") for s in low]))
         for pause in (0.0, 0.2):
