@@ -257,6 +257,8 @@ def start_executor(
         # directories it hides, and an `rm -rf` of the base dir would walk the host).
         release_mounts(services)
         unmount_under(settings.base_dir)
+        if services.workspaces.groups is not None:  # and no cgroup: its own parent groups too
+            services.workspaces.groups.remove_all()
 
     return RunningExecutor(url=url, settings=settings, token=settings.token), stop
 

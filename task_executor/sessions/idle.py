@@ -89,6 +89,11 @@ class Parking:
         """Whether the shell is saved and stopped (its next command restarts it)."""
         return self._parked is not None
 
+    @property
+    def never_started(self) -> bool:
+        """Parked from its creation, its first start still to come (see ``warmup``)."""
+        return self._parked is not None and self._parked.fresh
+
     def park(self) -> bool:
         """Save and stop the shell if nothing but the shell runs; whether it is parked now.
         A runner busy with a command is left alone (the lock is not waited for)."""

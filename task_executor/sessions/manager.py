@@ -78,6 +78,9 @@ class Session:
     closed: bool = False
     named: dict[str, ShellSession] = field(default_factory=dict)
     """The shells besides ``shell`` (the default one), by name."""
+    settled: bool = False
+    """Every shell stopped (none waiting for its first start) and the launch namespace let go:
+    nothing for the idle sweep to do until a call uses the session again."""
 
     def all_shells(self) -> list[ShellSession]:
         return [self.shell, *self.named.values()]
@@ -276,7 +279,9 @@ class SessionManager:
         try:
             if session.closed:
                 raise NotFound(f"no live session {session_id!r}", code="session_not_found")
+            session.settled = False
             yield session
+            session.settled = False  # (a sweep during the call may have seen it stopped)
             if touch:
                 session.last_used = time.monotonic()
         except ShellClosed:  # a DELETE closed the shell under this call
@@ -552,19 +557,27 @@ class SessionManager:
         after = self.settings.session_idle_stop
         if after is None:
             return 0
-        with self._guard:  # named shells too: each is saved and stopped on its own
-            sessions = list(self._sessions.values())
+        # Settled sessions are skipped: at 10,000 sessions a sweep of them all took 11 ms of
+        # the GIL every 1.25 s, and the calls it overlapped waited (DELETE p99 3 -> 19 ms).
+        now = time.monotonic()
+        with self._guard:
+            sessions = [s for s in self._sessions.values()
+                        if not s.settled and now - s.last_used > after]
+        # named shells too: each is saved and stopped on its own
         shells = [(shell, s.last_used) for s in sessions for shell in s.all_shells()]
         stopped = idle.park_idle(shells, after)
         if stopped:
             log.info("%d idle session shells saved and stopped", stopped)
+        for session in sessions:
+            if session.closed or not all(shell.parked and not shell.never_started
+                                         for shell in session.all_shells()):
+                continue
             # A session whose every shell is parked runs nothing: its launch namespace goes
             # too (one fd each; the next launch makes it again).
-            for session in sessions:
-                namespace = session.workspace.namespace
-                if (namespace is not None and namespace.held and not session.closed
-                        and all(shell.parked for shell in session.all_shells())):
-                    namespace.release()
+            namespace = session.workspace.namespace
+            if namespace is not None and namespace.held:
+                namespace.release()
+            session.settled = True
         return stopped
 
     def reap_idle(self) -> list[str]:

@@ -299,11 +299,12 @@ class ShellSession(Parking):
         """Whether the shell answers a trivial command within ``within`` seconds.
 
         While a command runs, the shell cannot answer; then the answer is whether its process
-        exists and is not stopped. A shell that fails the check is recovered before the next
-        command.
+        exists and is not stopped (and while its shell is being started, by a call or in the
+        background, there is none yet: that is alive). A shell that fails the check is
+        recovered before the next command.
         """
         if not self._lock.acquire(blocking=False):
-            return self._shell_running()
+            return self._shell is None or self._shell_running()
         try:
             return self.parked or self._ping(within)
         finally:

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from task_executor.demo import FIXED_FILES
+from task_executor.sandbox.namespaces import Launcher
 from task_executor.sessions import manager as manager_module
 from task_executor.sessions.runner import ShellSession, ShellStartError
 from task_executor.sessions.warmup import Warmup
@@ -56,6 +57,24 @@ def test_the_warmup_starts_the_shell_with_no_call(executor_factory, demo_task):
     assert owned_processes(base) != []
     assert _state(executor, sid)["commands_run"] == 0
     assert _exec(executor, sid, "echo ready")["output"] == "ready\n"
+
+
+def test_a_shell_started_late_by_the_warmup_is_still_stopped_when_idle(
+        executor_factory, demo_task, monkeypatch):
+    """Idle sweeps skip settled sessions (all stopped); one whose shell has yet to start is
+    not settled, or a warm-up launch after those sweeps would leave its shell running for
+    good. The launch here comes a second after the start: several sweeps later."""
+    def late(self, shell):
+        threading.Timer(1.0, shell.launch_parked).start()
+
+    monkeypatch.setattr(manager_module.Warmup, "submit", late)
+    executor = executor_factory(session_launch="background", session_idle_stop=0.3)
+    base = executor.settings.base_dir
+    sid = _start(executor, demo_task)
+    wait_until(lambda: owned_processes(base) != [])  # launched, with no call
+    wait_until(lambda: owned_processes(base) == [])  # and stopped, idle
+    assert _stopped(executor, sid) is True
+    assert _exec(executor, sid, "echo back")["output"] == "back\n"
 
 
 def test_a_session_whose_shell_never_started_forks_finishes_and_leaves_nothing(
@@ -171,3 +190,29 @@ def test_the_warmup_launches_in_order_skips_the_stale_and_survives_a_failure():
     wait_until(lambda: warmup.launched == 2)
     assert log == ["first", "failing", "fresh"] and warmup.skipped == 1
     warmup.close()
+
+
+def test_a_shell_being_started_in_the_background_is_alive_to_a_state_call(tmp_path):
+    """From the runner's lock taken to the shell's process made, there is no shell: a state
+    call then must not say dead (it would tell a trainer to give up on a healthy session)."""
+    gate = threading.Event()
+
+    class Gated(Launcher):
+        def popen(self, command, **options):
+            gate.wait()
+            return super().popen(command, **options)
+
+    shell = ShellSession(cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
+                         launcher=Gated(), launch=False)
+    try:
+        launching = threading.Thread(target=shell.launch_parked)
+        launching.start()
+        wait_until(lambda: shell._lock.locked())  # the launch holds the runner, no shell yet
+        assert shell.pid is None and shell.check_alive() is True
+        gate.set()
+        launching.join()
+        assert shell.check_alive() is True and not shell.parked
+        assert shell.run("echo up").output == "up\n"
+    finally:
+        gate.set()
+        shell.close()
