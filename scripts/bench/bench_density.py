@@ -18,7 +18,8 @@ Starts ``python -m task_executor serve`` from this checkout on a fresh base dire
    a live process is in), fds in the executor;
 5. exec: ``--execs`` ``true`` calls on one session (warm), then one call on each of ``--execs``
    other sessions (their first command since the fill: a stopped shell restores here);
-6. DELETE at density: ``--deletes`` sessions;
+6. DELETE at density: ``--deletes`` sessions (with ``--idle-stop``, once the shells step 5
+   restored are stopped again: as with none live, nothing else is going on);
 7. SIGTERM with every session live: time until the executor exits, and what it left (processes
    carrying its base directory's marker, mounts under the base directory, its cgroups).
 
@@ -237,6 +238,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         others = random.Random(1).sample(ids[1:], min(args.execs, n - 1))
         res["exec_first_after_fill"] = ms_stats(timed_calls(
             [lambda s=s: client.post(f"/session/{s}/exec", TRUE) for s in others]))
+        if args.idle_stop is not None:  # the shells the calls above restored, stopped again
+            time.sleep(args.idle_stop + 1.0)
+            res["idle_wait_before_deletes"] = wait_stopped(proc, empty["processes"])
         gone = random.Random(2).sample(ids, min(args.deletes, n))
         res["delete_at_n"] = ms_stats(timed_calls(
             [lambda s=s: client.send("DELETE", f"/session/{s}") for s in gone]))
