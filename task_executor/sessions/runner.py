@@ -345,6 +345,9 @@ class ShellSession(Parking):
         capturing; a retried finish finds the session as it was, its processes aside)."""
         with self._lock:
             self._check_open()
+            # The shell writes a command's snapshot after answering it: a ping is answered once
+            # that is done (killed in between, the last command's variables and cwd were lost).
+            self._ping(within=2.0, keep_spare=False)
             # TERM, then KILL what is left: what they write on TERM is in the diff captured next
             self._sweep(grace=KILL_GRACE_S)
             self._kill_everything()
