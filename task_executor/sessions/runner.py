@@ -195,7 +195,7 @@ class ShellSession(Parking):
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if self._closed or self._parked is None or not self._parked.fresh:
+            if self._closed or not self.never_started:
                 return False
             self._launch_fresh()
             return True
@@ -280,7 +280,7 @@ class ShellSession(Parking):
                     duration_s=time.monotonic() - started,
                 )
             try:
-                if self._parked is not None and self._parked.fresh:
+                if self.never_started:
                     self._launch_fresh()
                 self._unpark()
                 if self._suspect or not self._shell_running():
