@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .capabilities import Capabilities, drop_to, searchable_by_others
-from .cgroups import Group
+from .cgroups import SANDBOX_MEMORY_FILES, Group
 from .limits import Limits
 from .namespaces import Launcher, MountNamespace
 from .programs import host_program
@@ -252,15 +252,21 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def own_cgroup_binds(group: Group | None) -> list[tuple[str, str]]:
-    """(host directory, where the sandbox sees it) for each of a workspace's groups: a v1
-    controller's at ``/sys/fs/cgroup/<controller>``, the v2 group at ``/sys/fs/cgroup``."""
+    """(host path, where the sandbox sees it) for each of a workspace's groups: a v1
+    controller's at ``/sys/fs/cgroup/<controller>``, the v2 group at ``/sys/fs/cgroup``. Of a v1
+    memory group, handed on from workspace to workspace, only its limit and use (see
+    ``cgroups.SANDBOX_MEMORY_FILES``): its other files count what the last workspaces did."""
     if group is None:
         return []
     binds = []
     for controller, directory in sorted(group.directories.items()):
         # <root>/<controller>/dockyard-<id>/<name> under v1, <root>/dockyard-<id>/<name> under v2
         v2 = directory.parent.parent == Path(CGROUP_ROOT)
-        binds.append((str(directory), CGROUP_ROOT if v2 else f"{CGROUP_ROOT}/{controller}"))
+        target = CGROUP_ROOT if v2 else f"{CGROUP_ROOT}/{controller}"
+        if controller == "memory" and not v2:
+            binds += [(str(directory / name), f"{target}/{name}") for name in SANDBOX_MEMORY_FILES]
+        else:
+            binds.append((str(directory), target))
     return list(dict.fromkeys(binds))
 
 

@@ -143,7 +143,7 @@ def run_in_tree(
     finally:
         remove_tree(scratch)
         if group is not None:
-            group.remove()
+            factory.release_group(group)
 
 
 def _make_scratch(scratch: Path, inputs: dict[str, bytes], factory: WorkspaceFactory) -> None:

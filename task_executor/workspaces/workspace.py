@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from sandbox_client.protocol import SandboxReport
 from task_executor.errors import Conflict, ExecutorError, Unavailable
 from task_executor.sandbox.capabilities import Capabilities
-from task_executor.sandbox.cgroups import Group, Groups
+from task_executor.sandbox.cgroups import Group, Groups, kill_groups, remove_emptied
 from task_executor.sandbox.command import run_command
 from task_executor.sandbox.isolation import Bind, Sandbox
 from task_executor.sandbox.mounts import bind, mount_overlay, mount_tmpfs, unmount
@@ -62,7 +61,7 @@ BUCKET_PREFIX = "holders-"
 allowed, each bucket a mount of its own (see ``WorkspaceFactory._holder_parent``)."""
 
 _TEARDOWN_WORKERS = 8
-"""Threads that let namespaces and cgroups go at once in ``destroy_all``."""
+"""Threads that let launch namespaces go at once in ``destroy_all``."""
 
 EnvBuilder = Callable[[str, dict[str, str]], dict[str, str]]
 """(temporary directory as code under test sees it, task env) -> its full environment."""
@@ -157,45 +156,6 @@ class Workspace:
 
     def snapshot(self, target: Path) -> Snapshot:
         return self.factory.snapshot(self, target)
-
-
-def _kill_groups(groups: list[Group], timeout: float = 10.0) -> None:
-    """SIGKILL every process in ``groups`` until they are empty, all groups in each pass (one
-    by one, each waiting for its own group to empty, 10,000 live sessions waited 10,000 times).
-    One hierarchy's member list is read per group: every process of a workspace is in all."""
-    deadline = time.monotonic() + timeout
-    files = [group.procs_files[0] for group in groups if group.directories]
-    while time.monotonic() < deadline:
-        pids: set[int] = set()
-        for name in files:
-            with contextlib.suppress(OSError):
-                with open(name) as members:
-                    pids.update(int(line) for line in members)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
-
-
-def _remove_empty_group(group: Group) -> None:
-    """Remove a group just emptied, at shutdown: its directories, and nothing more when they
-    went. ``Group.remove`` would read every member list once more and lower the parent's CPU
-    weight by one (a cgroup write each, 10,000 of them: most of a 30 s shutdown); the parent
-    goes too. A group that could not go is left to ``Group.remove``, which kills and retries."""
-    removed = True
-    for directory in set(group.directories.values()):
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            removed = False
-    if removed:
-        group.on_remove = None
-    else:
-        group.remove()
 
 
 def launch_args_root(base_dir: Path, sandbox: Sandbox) -> Path | None:
@@ -444,9 +404,10 @@ class WorkspaceFactory:
 
     def _release_holder(self, holder: Path, group: Group | None,
                         namespace: MountNamespace | None) -> None:
-        """Kill what runs in the workspace, unmount everything in it, remove it."""
+        """Kill what runs in the workspace, unmount everything in it, remove it, and hand its
+        group back (last: its tmpfs pages are charged to it until the tmpfs goes)."""
         if group is not None:
-            group.remove()
+            group.kill_all()
         if namespace is not None:
             namespace.close()
             # Bound on itself (os.path.ismount cannot tell: same device): detached with all
@@ -464,6 +425,15 @@ class WorkspaceFactory:
             remove_tree(holder)
         self._remove_args(holder)
         self._leave_bucket(holder)
+        if group is not None:
+            self.release_group(group)
+
+    def release_group(self, group: Group) -> None:
+        """Done with ``group``: to the next workspace, or removed (see ``Groups.release``)."""
+        if self.groups is not None:
+            self.groups.release(group)
+        else:
+            group.remove()
 
     def _remove_args(self, holder: Path) -> None:
         if self.args_root is not None:
@@ -521,7 +491,7 @@ class WorkspaceFactory:
 
     def kill_processes(self, workspaces: list[Workspace]) -> None:
         """Kill every process of these workspaces at once, through their cgroups."""
-        _kill_groups([w.group for w in workspaces if w.group is not None])
+        kill_groups([w.group for w in workspaces if w.group is not None])
 
     def destroy_all(self, workspaces: list[Workspace], keep_trees: bool = False) -> None:
         """Destroy many workspaces at once, at shutdown: one by one, 10,000 took 157 s, each
@@ -546,10 +516,10 @@ class WorkspaceFactory:
                 del self._buckets[bucket]
             self._retiring |= whole
         groups = [w.group for w in mine if w.group is not None]
-        _kill_groups(groups)  # again: a shell closed meanwhile cannot have started anything
+        kill_groups(groups)  # again: a shell closed meanwhile cannot have started anything
         namespaces = [w.namespace for w in mine if w.namespace is not None]
-        # Closing a namespace and removing a group wait for the kernel too, not for the CPU:
-        # a few threads overlap those waits.
+        # Closing a namespace waits for the kernel, not for the CPU: a few threads overlap
+        # those waits (``remove_emptied`` does the same for the groups).
         with ThreadPoolExecutor(_TEARDOWN_WORKERS, thread_name_prefix="teardown") as pool:
             list(pool.map(MountNamespace.close, namespaces))
         for bucket in whole:
@@ -563,8 +533,7 @@ class WorkspaceFactory:
                 self._unmount_all(workspace)
                 if os.path.ismount(workspace.rw):
                     unmount(workspace.rw)
-        with ThreadPoolExecutor(_TEARDOWN_WORKERS, thread_name_prefix="teardown") as pool:
-            list(pool.map(_remove_empty_group, groups))
+        remove_emptied(groups)
         if not keep_trees:  # (an executor shutting down unmounts the option files' tmpfs)
             remove_trees([w.root for w in mine])
             for workspace in mine:
@@ -717,7 +686,7 @@ class WorkspaceFactory:
             self.run_setup(tree, setup, full_env, launcher=launcher)
         finally:
             if group is not None:
-                group.remove()
+                group.kill_all()
             if self.runtime is not None and binds:
                 self.runtime.unmount(mount_holder)
                 # The layers stay; their overlay work directories are not needed any more.
@@ -728,3 +697,5 @@ class WorkspaceFactory:
                 unmount(mount_holder)
             remove_tree(mount_holder)
             remove_tree(tmp)
+            if group is not None:
+                self.release_group(group)

@@ -20,6 +20,7 @@ import pytest
 from task_executor.grading.grader import owner_token
 from task_executor.sandbox import seccomp
 from task_executor.sandbox.cgroups import ROOT as CGROUP_ROOT
+from task_executor.sandbox.cgroups import SANDBOX_MEMORY_FILES
 
 ADD_KEY = r'''python3 -c "
 import ctypes, os
@@ -67,9 +68,13 @@ def test_a_sandbox_sees_its_own_cgroups_and_no_one_elses(executor, demo_task):
         pytest.skip("no cgroups (v1) here")
     listing = _run(executor, own, "find /sys/fs/cgroup -maxdepth 3 | sort")
     assert "dockyard-" not in listing  # no group of this executor, nor any other, by name
-    # Its own groups are there, where tools look for their limits, read-only.
-    for controller in sorted(parents):
+    # Its own groups are there, where tools look for their limits, read-only; of its memory
+    # group (handed on between workspaces) only its limit and use.
+    for controller in sorted(parents.keys() - {"memory"}):
         assert f"/sys/fs/cgroup/{controller}/cgroup.procs" in listing
+    if "memory" in parents:
+        shown = sorted(line for line in listing.split() if "/memory/" in line)
+        assert shown == [f"/sys/fs/cgroup/memory/{name}" for name in sorted(SANDBOX_MEMORY_FILES)]
     written = _run(executor, own, "echo 1 > /sys/fs/cgroup/pids/pids.max; echo rc=$?")
     assert "rc=0" not in written
     # This executor's groups (another suite's executors come and go meanwhile: a machine-wide
@@ -78,6 +83,42 @@ def test_a_sandbox_sees_its_own_cgroups_and_no_one_elses(executor, demo_task):
                          if p.is_dir())
     assert len(host_groups) >= 2  # the host does have the neighbours' groups
     assert not any(name in listing for name in host_groups)
+
+
+def _busy_pids(parents: dict[str, Path]) -> set[str]:
+    """The host pids in this executor's workspaces' pids groups."""
+    return {pid for group in parents["pids"].iterdir() if group.is_dir()
+            for pid in (group / "cgroup.procs").read_text().split()}
+
+
+def _memory_group_of(parents: dict[str, Path], session_pids: set[str]) -> Path:
+    return next(group for group in parents["memory"].iterdir() if group.is_dir()
+                and session_pids & set((group / "cgroup.procs").read_text().split()))
+
+
+def test_a_memory_group_handed_on_shows_nothing_of_the_last_session(executor, demo_task):
+    """A session's memory group goes to the next session: that one reads its limit and its own
+    use there, never what the last one did (its peak, its page faults, its OOM kills)."""
+    _sandboxed(executor)
+    parents = _parents(executor)
+    if "memory" not in parents:
+        pytest.skip("no memory cgroup (v1) here")
+    first = _session(executor, demo_task)
+    peak = _run(executor, first, "head -c 300000000 /dev/zero > /tmp/big; rm /tmp/big;"
+                                 " cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes")
+    assert int(peak) >= 300_000_000
+    used = _memory_group_of(parents, _busy_pids(parents))  # (the only session here)
+    assert executor.delete(f"/session/{first}").status_code == 200
+    executor.work_dirs()  # (waits for the deleted session's removal)
+    second = _session(executor, demo_task)
+    _run(executor, second, "true")
+    assert _memory_group_of(parents, _busy_pids(parents)) == used  # the same, handed on
+    seen = _run(executor, second, "ls /sys/fs/cgroup/memory; cat /sys/fs/cgroup/memory/*")
+    names, values = seen.split()[:3], seen.split()[3:]
+    assert names == sorted(SANDBOX_MEMORY_FILES)
+    limit, peak_now, use = (int(v) for v in values)  # (ls's order: limit, max_usage, usage)
+    assert limit == executor.settings.memory_limit_bytes
+    assert peak_now < 100_000_000 and use < 100_000_000
 
 
 def test_a_key_one_session_adds_is_refused_and_never_seen_by_another(executor, demo_task):
@@ -165,17 +206,16 @@ def test_each_workspace_has_a_cpu_group_of_the_same_weight(executor, demo_task):
                if d.is_dir()}
     assert sum(1 for pids in members.values() if pids) >= 2  # each session in a group of its own
     # The parent weighs as its workspaces together, so each counts as one process outside.
-    groups = [d for d in parent.iterdir() if d.is_dir()]
-    assert int((parent / "cpu.shares").read_text()) == weight * len(groups)
+    assert int((parent / "cpu.shares").read_text()) == weight * 2
     result = executor.submit(demo_task.request("fair", demo_task.gold_patch)).json()
     assert result["status"] == "resolved"
     assert result["conditions"]["cpu_weight"] == weight
     assert executor.delete(f"/session/{first}").status_code == 200
     assert executor.delete(f"/session/{second}").status_code == 200
+    executor.work_dirs()  # (waits for the deleted sessions' removal)
     left = [d for d in parent.iterdir() if d.is_dir() and (d / "cgroup.procs").read_text()]
-    assert left == []
-    groups = [d for d in parent.iterdir() if d.is_dir()]
-    assert int((parent / "cpu.shares").read_text()) == weight * max(1, len(groups))
+    assert left == []  # the groups left are kept for the next workspaces, and weigh nothing
+    assert int((parent / "cpu.shares").read_text()) == weight
 
 
 def test_cpu_fair_share_off_makes_no_cpu_groups(executor_factory, demo_task):
