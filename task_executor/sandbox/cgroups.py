@@ -60,10 +60,8 @@ REUSE_SLACK_BYTES = 16 << 20
 shmem pages, with every process gone: a tmpfs something still pins) counts, page cache does
 not. Past it the group is removed, and its charges go to the parent with it."""
 _UNRECLAIMABLE = ("active_anon", "inactive_anon", "unevictable")
-_EMPTYING = (("memory.force_empty", "0"), ("memory.max_usage_in_bytes", "0"),
-             ("memory.failcnt", "0"))
-"""A released v1 memory group's reclaim (of a group without processes), then its peak (now
-its use: next to nothing) and its failure count."""
+_RESETS = ("memory.max_usage_in_bytes", "memory.failcnt")
+"""A released v1 memory group's peak (then its use: next to nothing) and failure count."""
 _REMOVE_WORKERS = 8
 
 
@@ -301,15 +299,23 @@ class Groups:
                 return
         Group({"memory": memory}).remove()
 
-    @staticmethod
-    def _emptied(directory: Path) -> bool:
+    def _emptied(self, directory: Path) -> bool:
         """Reclaim what is charged to the memory group ``directory`` (the last workspace's page
-        cache: the next one starts at nothing), forget its peak and failures, and say whether
-        what stays is at most ``REUSE_SLACK_BYTES``. (The reclaim an rmdir does too, without
-        moving anything to the parent: no slower tail beside it, 3,000 sessions.)"""
-        for name, value in _EMPTYING:
+        cache: the next one starts at next to nothing), forget its peak and failures, and say
+        whether what stays is at most ``REUSE_SLACK_BYTES``. The reclaim is a limit of 0, put
+        back at once (no process is there to need it): the kernel reclaims until nothing more
+        goes, and stops at the first pass that frees nothing (0.7 ms), where ``force_empty``
+        tries 16 such passes (5 ms of CPU a group, more than a removal)."""
+        with contextlib.suppress(OSError):  # EBUSY: what stays could not be reclaimed
+            (directory / "memory.limit_in_bytes").write_text("0")
+        limit = self.limits["memory"]
+        try:
+            (directory / "memory.limit_in_bytes").write_text(str(-1 if limit is None else limit))
+        except OSError:
+            return False  # (removed then: never handed on without its limit)
+        for name in _RESETS:
             with contextlib.suppress(OSError):
-                (directory / name).write_text(value)
+                (directory / name).write_text("0")
         try:
             text = (directory / "memory.stat").read_text()
         except OSError:
