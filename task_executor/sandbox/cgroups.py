@@ -12,10 +12,11 @@ The cpu controller gives every workspace a group of the same weight (v1 ``cpu.sh
 session running 128 busy loops gets no more of it than a neighbour's grading running one.
 
 A workspace's memory group (cgroup v1) is handed to the next workspace when it is done, not
-removed (``Groups.release``): removing a memory group costs kernel CPU in proportion to every
-filesystem mounted on the host (each superblock's caches move to the parent: 0.3-0.5 ms with
-none, 1.6 ms beside 5,000 tmpfs mounts), and at density those removals, beside the requests,
-made DELETE's slow tail (p99 8.0 against 1.3 ms with them skipped, 3,000 parked sessions).
+removed (``Groups.release``): removing a memory group costs kernel CPU, after the rmdir, that
+grows with every filesystem mounted on the host (each one's cache lists move to the parent: 0.8
+ms of CPU with none beside, 2.1 ms beside 5,000 tmpfs, ``scripts/bench/bench_cgroup_release.py``),
+and at density those removals, beside the requests, made DELETE's slow tail (p99 15.9 against
+3.3 ms with the groups handed on, 10,000 sessions, ``scripts/bench/bench_density.py``).
 It goes back empty of processes, its memory reclaimed, its peak and failure count reset, and
 only if nothing unreclaimable stays charged to it. Its cumulative counters (``memory.stat``'s
 page faults, ``memory.oom_control``'s kills) cannot be reset, so a sandbox sees three files of it
@@ -58,7 +59,7 @@ SANDBOX_MEMORY_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes",
 REUSE_SLACK_BYTES = 16 << 20
 """Memory a released group may still hold and be handed on: what no reclaim gets back (anon and
 shmem pages, with every process gone: a tmpfs something still pins) counts, page cache does
-not. Past it the group is removed, and its charges go to the parent with it."""
+not. Past it the group is removed instead: the next workspace would start with it charged."""
 _UNRECLAIMABLE = ("active_anon", "inactive_anon", "unevictable")
 _RESETS = ("memory.max_usage_in_bytes", "memory.failcnt")
 """A released v1 memory group's peak (then its use: next to nothing) and failure count."""
@@ -304,8 +305,8 @@ class Groups:
         cache: the next one starts at next to nothing), forget its peak and failures, and say
         whether what stays is at most ``REUSE_SLACK_BYTES``. The reclaim is a limit of 0, put
         back at once (no process is there to need it): the kernel reclaims until nothing more
-        goes, and stops at the first pass that frees nothing (0.7 ms), where ``force_empty``
-        tries 16 such passes (5 ms of CPU a group, more than a removal)."""
+        goes, and stops at the first pass that frees nothing (a release costs 1.0 ms of CPU in
+        all), where ``force_empty`` tries 16 such passes (5.5 ms, more than a removal)."""
         with contextlib.suppress(OSError):  # EBUSY: what stays could not be reclaimed
             (directory / "memory.limit_in_bytes").write_text("0")
         limit = self.limits["memory"]

@@ -31,6 +31,7 @@ from task_executor.workspaces.templates import TemplateCache
 from task_executor.workspaces.workspace import WorkspaceFactory, launch_args_root
 
 from .capacity import Slots
+from .limits import stop_ignoring_signals
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
+        stop_ignoring_signals()  # what it ignores, every command it runs would ignore too
         settings.base_dir.mkdir(parents=True, exist_ok=True)
         searchable_base_dir(settings.base_dir)
         mirrors = MirrorCache(settings.base_dir / "mirrors", settings.mirror_budget_bytes)

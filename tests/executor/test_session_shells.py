@@ -3,6 +3,7 @@ while the shell and its state survive; several shells with their own state in on
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from task_executor.sessions.manager import MAX_SHELLS
 from tests.conftest import RunningExecutor
 from tests.executor import session_fixtures
-from tests.executor.test_sessions_api import _exec
+from tests.executor.test_sessions_api import _exec, _start
 from tests.processes import wait_until
 
 # The shared fixtures, made visible to pytest in this module.
@@ -61,6 +62,36 @@ def test_interrupt_stops_the_command_and_keeps_the_shell(shared_executor, sessio
     after = _exec(shared_executor, session, 'echo "$VAR ${PWD##*/}"')
     assert after["output"] == "kept calc\n" and after["interrupted"] is False
     assert not _running(marker)
+
+
+@pytest.fixture
+def started_ignoring_sigint():
+    """This process ignores SIGINT and SIGQUIT, as one started ``&`` by a script does."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal dispositions are set from the main thread only")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    for sig in before:
+        signal.signal(sig, signal.SIG_IGN)
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_an_executor_started_ignoring_sigint_still_interrupts(
+        started_ignoring_sigint, executor_factory, demo_task):
+    """Ignored signals pass to every command (bwrap, sh and bash keep an ignore they started
+    with): the interrupt's SIGINT did nothing and the command was SIGKILLed (137)."""
+    executor = executor_factory()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    sid = _start(executor, demo_task)
+    ignored = int(_exec(executor, sid, "sed -n 's/^SigIgn:\\s*//p' /proc/self/status")["output"],
+                  16)
+    assert ignored & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGQUIT - 1)) == 0
+    marker = "sleep 1000333"
+    thread, answers = _exec_in_background(executor, sid, {"command": marker})
+    assert _interrupt_when_running(executor, sid, marker) == {"interrupted": True}
+    thread.join(30)
+    assert answers[0]["interrupted"] is True and answers[0]["exit_code"] == 130
 
 
 def test_a_command_ignoring_sigint_is_killed_after_the_grace(shared_executor, session):
