@@ -13,12 +13,19 @@ shutdown the ones still waiting go with the live sessions' workspaces, in one pa
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 from typing import Protocol
 
 log = logging.getLogger(__name__)
+
+NICE = 10
+"""The reclaimer thread's nice value: its work (unmounts, a memory group's reclaim, rmdirs, much
+of it in the kernel, on this thread) yields the CPU to the requests, which wait for none of it.
+Past ``LIMIT`` waiting, the DELETEs do their own removals, at the executor's priority."""
 
 LIMIT = 1024
 """Workspaces waiting for removal at most (past it, DELETE removes its own). Each waiting one
@@ -77,6 +84,8 @@ class Reclaimer:
                 left.append(item)
 
     def _run(self) -> None:
+        with contextlib.suppress(OSError):  # (a thread's own nice value: Linux)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         while True:
             workspace = self._queue.get()
             if workspace is None:

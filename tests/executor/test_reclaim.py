@@ -4,6 +4,7 @@ cgroup left), the bound on what may wait, and shutdown with removals waiting."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_client import SandboxClient
-from task_executor.sessions.reclaim import Reclaimer
+from task_executor.sessions.reclaim import NICE, Reclaimer
 from tests.executor.test_lifecycle import (
     _cgroups_of,
     assert_nothing_left,
@@ -78,6 +79,13 @@ def test_delete_answers_with_nothing_running_and_the_rest_goes_after(
     assert _busy_groups(base) != []
 
 
+def _nice(thread_id: int) -> int:
+    """A thread's nice value, from /proc (the field after the priority; the name may hold
+    spaces, so fields are counted from its closing parenthesis)."""
+    stat = Path(f"/proc/self/task/{thread_id}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
 class _Workspace:
     """Records its removal; ``hold`` keeps the removal waiting, ``fails`` makes it raise."""
 
@@ -96,12 +104,17 @@ class _Workspace:
 def test_the_reclaimer_is_bounded_survives_a_failure_and_hands_back_what_waits(caplog):
     removed: list[str] = []
     release = threading.Event()
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
     reclaimer = Reclaimer(limit=3)
     assert reclaimer.submit(_Workspace(removed, "held", hold=release))
     assert reclaimer.submit(_Workspace(removed, "failing", fails=True))
     assert reclaimer.submit(_Workspace(removed, "after"))
     # Full: the caller removes its own.
     assert reclaimer.waiting == 3 and reclaimer.submit(_Workspace(removed, "over")) is False
+    # Its work yields the CPU to the requests: the thread runs at a nice value of its own.
+    assert reclaimer._thread is not None
+    wait_until(lambda: _nice(reclaimer._thread.native_id) == NICE)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice  # this thread's is left alone
     release.set()
     wait_until(lambda: reclaimer.waiting == 0)
     assert removed == ["held", "after"] and reclaimer.failures == 1
