@@ -13,12 +13,10 @@ shutdown the ones still waiting go with the live sessions' workspaces, in one pa
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import queue
-import threading
 from typing import Protocol
+
+from .worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -37,66 +35,23 @@ class Removable(Protocol):
     def destroy(self) -> None: ...
 
 
-class Reclaimer:
+class Reclaimer(QueueWorker[Removable]):
     """One thread removing the workspaces handed to :meth:`submit`, in order."""
 
-    def __init__(self, limit: int = LIMIT) -> None:
-        self._limit = limit
-        self._queue: queue.Queue[Removable | None] = queue.Queue()
-        self._guard = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._waiting = 0
-        self.failures = 0
+    thread_name = "reclaimer"
+    nice = NICE
 
-    @property
-    def waiting(self) -> int:
-        """Workspaces handed over and not removed yet (the one being removed included)."""
-        return self._waiting
+    def __init__(self, limit: int = LIMIT) -> None:
+        super().__init__(limit)
+        self.failures = 0
 
     def submit(self, workspace: Removable) -> bool:
         """Take ``workspace`` for removal; False when full or closed (remove it yourself)."""
-        with self._guard:
-            if self._closed or self._waiting >= self._limit:
-                return False
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="reclaimer", daemon=True)
-                self._thread.start()
-            self._waiting += 1
-            self._queue.put(workspace)
-            return True
+        return self.put(workspace)
 
-    def close(self) -> list[Removable]:
-        """Stop (the removal in progress finishes) and return what still waits."""
-        with self._guard:
-            self._closed = True
-            thread = self._thread
-        left: list[Removable] = []
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return left
-            if item is not None:
-                left.append(item)
-
-    def _run(self) -> None:
-        with contextlib.suppress(OSError):  # (a thread's own nice value: Linux)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        while True:
-            workspace = self._queue.get()
-            if workspace is None:
-                return
-            try:
-                workspace.destroy()
-            except Exception:  # logged, never fatal: the next start sweeps what is left
-                self.failures += 1
-                log.exception("removing a closed session's workspace failed")
-            finally:
-                with self._guard:
-                    self._waiting -= 1
-            if self._closed:
-                return
+    def handle(self, workspace: Removable) -> None:
+        try:
+            workspace.destroy()
+        except Exception:  # logged, never fatal: the next start sweeps what is left
+            self.failures += 1
+            log.exception("removing a closed session's workspace failed")

@@ -15,11 +15,11 @@ first call instead: under a burst of starts the queue costs no more CPU than the
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from .worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -28,49 +28,30 @@ class Launchable(Protocol):
     def launch_parked(self) -> bool: ...
 
 
-class Warmup:
+class Warmup(QueueWorker[tuple[Launchable, float]]):
     """One thread launching the shells handed to :meth:`submit`, in order."""
+
+    thread_name = "shell-warmup"
 
     def __init__(self, max_wait: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         """``max_wait``: seconds a shell may wait in the queue (None: no limit)."""
+        super().__init__()
         self._max_wait = max_wait
         self._clock = clock
-        self._queue: queue.SimpleQueue[tuple[Launchable, float] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._guard = threading.Lock()
-        self._closed = False
         self.launched = 0
         self.skipped = 0
 
     def submit(self, shell: Launchable) -> None:
-        with self._guard:
-            if self._closed:
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="shell-warmup", daemon=True)
-                self._thread.start()
-            self._queue.put((shell, self._clock()))
+        """Launch ``shell`` soon (nothing once closed: its first call starts it)."""
+        self.put((shell, self._clock()))
 
-    def close(self) -> None:
-        """Stop launching (at shutdown); a launch in progress finishes."""
-        with self._guard:
-            self._closed = True
-            thread = self._thread
-        self._queue.put(None)
-        if thread is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None or self._closed:
-                return
-            shell, queued_at = item
-            if self._max_wait is not None and self._clock() - queued_at > self._max_wait:
-                self.skipped += 1
-                continue
-            try:
-                if shell.launch_parked():
-                    self.launched += 1
-            except Exception as error:  # the shell stays parked: its first call tries again
-                log.warning("a session's shell did not start in the background: %s", error)
+    def handle(self, item: tuple[Launchable, float]) -> None:
+        shell, queued_at = item
+        if self._max_wait is not None and self._clock() - queued_at > self._max_wait:
+            self.skipped += 1
+            return
+        try:
+            if shell.launch_parked():
+                self.launched += 1
+        except Exception as error:  # the shell stays parked: its first call tries again
+            log.warning("a session's shell did not start in the background: %s", error)

@@ -112,8 +112,9 @@ def test_the_reclaimer_is_bounded_survives_a_failure_and_hands_back_what_waits(c
     # Full: the caller removes its own.
     assert reclaimer.waiting == 3 and reclaimer.submit(_Workspace(removed, "over")) is False
     # Its work yields the CPU to the requests: the thread runs at a nice value of its own.
-    assert reclaimer._thread is not None
-    wait_until(lambda: _nice(reclaimer._thread.native_id) == NICE)
+    thread = reclaimer.thread
+    assert thread is not None and thread.native_id is not None
+    wait_until(lambda: _nice(thread.native_id) == NICE)
     assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice  # this thread's is left alone
     release.set()
     wait_until(lambda: reclaimer.waiting == 0)
