@@ -216,12 +216,18 @@ class SandboxClient:
                                  command_timeout=start.command_timeout, on_end=lease.release)
         url, started = self._place("session", key, "session start", begin)
         log.info("session %s: started on %s", started.session_id, url)
+        return self._held_session(url, started, start.command_timeout)
+
+    def _held_session(self, url: str, started: SessionStartResult,
+                      command_timeout: float | None) -> RemoteSession:
+        """A session live on ``url``, counted in the room it holds there (a start's, or a
+        fork's: a fork takes a session slot on its executor like a start)."""
         self._fleet.session_opened(url)
         # The room it holds is given back once: when it ends, or when it is dropped unended (the
         # executor reaps it when idle): a count that only grew would shut this client out. A
         # finalizer runs at most once, whichever comes first.
         ended: Callable[[], Any]
-        session = RemoteSession(self, url, started, command_timeout=start.command_timeout,
+        session = RemoteSession(self, url, started, command_timeout=command_timeout,
                                 on_end=lambda: ended())
         ended = weakref.finalize(session, self._fleet.session_ended, url)
         return session

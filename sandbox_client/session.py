@@ -260,7 +260,7 @@ class RemoteSession:
         read = self.client.config.run_read_timeout(None)
         started = self._call("POST", "/fork", SessionStartResult, read, json=body)
         log.info("session %s: forked from %s on %s", started.session_id, self.session_id, self.url)
-        return RemoteSession(self.client, self.url, started, command_timeout=self._command_timeout)
+        return self.client._held_session(self.url, started, self._command_timeout)
 
     def close(self) -> None:
         """Close without grading (``DELETE``). Idempotent; a no-op after ``finish``."""

@@ -275,6 +275,29 @@ def test_sessions_held_count_against_the_session_capacity(
     assert sleeps.calls == []
 
 
+def test_a_fork_holds_room_on_its_executor_like_a_start(
+    mocked: responses.RequestsMock, learning: Make, sleeps: Sleeps
+) -> None:
+    """A fork is a new session on its parent's executor: counted until it ends, so that the
+    next start goes where there is room instead of meeting a 429 there."""
+    for url in (A, B):
+        mocked.get(f"{url}/health", json=health(4, sessions=2))
+        mocked.post(f"{url}/session/start", json=STARTED)
+    fork_route = mocked.post(f"{A}/session/s/fork", json={**STARTED, "session_id": "f"})
+    mocked.delete(f"{A}/session/f", json={"session_id": "f", "closed": True})
+    client = learning([A, B])
+    spec = ranked([A, B], {"repo": "/srv/repo", "base_commit": "abc123"})
+    parent = client.start_session(spec)
+    assert parent.url == A and client.fleet_status()[A].sessions == 1
+    fork = parent.fork()
+    assert fork_route.call_count == 1 and fork.url == A
+    assert client.fleet_status()[A].sessions == 2
+    assert client.start_session(spec).url == B  # A is full: the parent and its fork
+    fork.close()
+    assert client.fleet_status()[A].sessions == 1
+    assert sleeps.calls == []
+
+
 def test_scripted_bodies_are_valid_health_answers() -> None:
     """The stand-in answers above are what the protocol says a /health is."""
     from sandbox_client.protocol import HealthResponse
