@@ -17,11 +17,16 @@ grows with every filesystem mounted on the host (each one's cache lists move to 
 ms of CPU with none beside, 2.1 ms beside 5,000 tmpfs, ``scripts/bench/bench_cgroup_release.py``),
 and at density those removals, beside the requests, made DELETE's slow tail (p99 15.9 against
 3.3 ms with the groups handed on, 10,000 sessions, ``scripts/bench/bench_density.py``).
-It goes back empty of processes, its memory reclaimed, its peak and failure count reset, and
-only if nothing unreclaimable stays charged to it. Its cumulative counters (``memory.stat``'s
-page faults, ``memory.oom_control``'s kills) cannot be reset, so a sandbox sees three files of it
-only (``SANDBOX_MEMORY_FILES``), never the last workspace's history. The pids and cpu groups,
-whose removal costs nothing measurable, are made and removed per workspace.
+It goes back empty of processes, its memory reclaimed, and only if what stays charged to it is at
+most ``REUSE_SLACK_BYTES``: the reclaim gets the page cache back, not the kernel's own objects
+(inodes, dentries: about 0.7 MB after reading 3,000 of the host's files), nor what another live
+process still pins. (A red-team run pinned 5.8 GB of inodes through directory fds passed to a
+live session, and the next workspace was OOM-killed at 6 of its 8 GiB, when only anon pages were
+counted.) What stays would tell the next workspace something of the last one, and its counters
+(``memory.stat``, ``memory.oom_control``, the peak) cannot be reset: so a sandbox sees its memory
+group's limit only (``SANDBOX_MEMORY_FILES``), and what it could still learn, by filling its
+memory to the limit, is a shift of at most ``REUSE_SLACK_BYTES``. The pids and cpu groups, whose
+removal costs nothing measurable, are made and removed per workspace.
 
 cgroup v1 (one hierarchy per controller, as on this machine) and v2 (one unified hierarchy whose
 root delegates ``pids`` and ``memory``) are both handled; where neither can be written (a default
@@ -53,16 +58,18 @@ CONTROLLERS = ("pids", "memory", "cpu")
 CPU_WEIGHT = {"v1": 1024, "v2": 100}
 """Every workspace's CPU weight: each controller version's default, the same for all."""
 _MAX_CPU_WEIGHT = {"v1": 262144, "v2": 10000}
-SANDBOX_MEMORY_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                        "memory.max_usage_in_bytes")
-"""What a sandbox sees of its v1 memory group: its limit and its use, none of its history."""
-REUSE_SLACK_BYTES = 16 << 20
-"""Memory a released group may still hold and be handed on: what no reclaim gets back (anon and
-shmem pages, with every process gone: a tmpfs something still pins) counts, page cache does
-not. Past it the group is removed instead: the next workspace would start with it charged."""
-_UNRECLAIMABLE = ("active_anon", "inactive_anon", "unevictable")
+SANDBOX_MEMORY_FILES = ("memory.limit_in_bytes",)
+"""What a sandbox sees of its v1 memory group: its limit; not its use, whose start is what the last
+workspace left (see the module)."""
+REUSE_SLACK_BYTES = 4 << 20
+"""What a released memory group may still have charged and be handed on (after its reclaim). A
+workspace leaves 0.1-1.5 MB of the kernel's objects after ordinary work; past this the group is
+removed instead."""
+_EMPTYING_TRIES = 5
+_EMPTYING_PAUSE_S = 0.02
 _RESETS = ("memory.max_usage_in_bytes", "memory.failcnt")
-"""A released v1 memory group's peak (then its use: next to nothing) and failure count."""
+"""A released v1 memory group's peak (then its use: next to nothing) and failure count, for
+whoever reads them on the host."""
 _REMOVE_WORKERS = 8
 
 
@@ -302,31 +309,31 @@ class Groups:
 
     def _emptied(self, directory: Path) -> bool:
         """Reclaim what is charged to the memory group ``directory`` (the last workspace's page
-        cache: the next one starts at next to nothing), forget its peak and failures, and say
-        whether what stays is at most ``REUSE_SLACK_BYTES``. The reclaim is a limit of 0, put
-        back at once (no process is there to need it): the kernel reclaims until nothing more
-        goes, and stops at the first pass that frees nothing (a release costs 1.0 ms of CPU in
-        all), where ``force_empty`` tries 16 such passes (5.5 ms, more than a removal)."""
-        with contextlib.suppress(OSError):  # EBUSY: what stays could not be reclaimed
-            (directory / "memory.limit_in_bytes").write_text("0")
-        limit = self.limits["memory"]
-        try:
-            (directory / "memory.limit_in_bytes").write_text(str(-1 if limit is None else limit))
-        except OSError:
-            return False  # (removed then: never handed on without its limit)
+        cache), forget its peak and failures, and say whether what stays is at most
+        ``REUSE_SLACK_BYTES``. The reclaim is a limit of 0, put back at once (no process is there
+        to need it): the kernel reclaims until nothing more goes, and stops at the first pass that
+        frees nothing (a release costs 1.0 ms of CPU in all), where ``force_empty`` tries 16 such
+        passes (5.5 ms, more than a removal) and gets no more back."""
+        limit = str(-1 if self.limits["memory"] is None else self.limits["memory"])
+        usage = None
+        for _ in range(_EMPTYING_TRIES):
+            with contextlib.suppress(OSError):  # EBUSY: what stays could not be reclaimed
+                (directory / "memory.limit_in_bytes").write_text("0")
+            try:
+                (directory / "memory.limit_in_bytes").write_text(limit)
+                # All that is charged: pages, and the kernel's objects (inodes, dentries, pipes).
+                usage = int((directory / "memory.usage_in_bytes").read_text())
+            except (OSError, ValueError):
+                return False  # (removed then: never handed on without its limit)
+            if usage <= REUSE_SLACK_BYTES:
+                break
+            # What processes just killed held goes after an RCU grace period: 2-3.7 MB right
+            # after a fork loop's kill, 0.3-0.7 MB 10 ms later.
+            time.sleep(_EMPTYING_PAUSE_S)
         for name in _RESETS:
             with contextlib.suppress(OSError):
                 (directory / name).write_text("0")
-        try:
-            text = (directory / "memory.stat").read_text()
-        except OSError:
-            return False
-        held = 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key in _UNRECLAIMABLE:
-                held += int(value)
-        return held <= REUSE_SLACK_BYTES
+        return usage is not None and usage <= REUSE_SLACK_BYTES
 
     def _reweigh(self, change: int) -> None:
         """The parent weighs as much as its workspaces together: a workspace then gets the share
