@@ -44,6 +44,11 @@ def image_root(images_dir: Path, ref: str) -> Path:
     return images_dir / quote(ref, safe=SAFE)
 
 
+_READER_JOIN_S = 2.0
+"""How long ``delete`` lets the reader reach the end of a stopped executor's output (a process it
+left may keep the pipe open: then the stream is closed under the reader)."""
+
+
 @dataclass
 class _Process:
     proc: subprocess.Popen[str]
@@ -51,6 +56,7 @@ class _Process:
     url: str | None = None
     output: list[str] = field(default_factory=list)
     reported: bool = False
+    reader: threading.Thread | None = None
 
 
 class LocalProvider:
@@ -100,16 +106,22 @@ class LocalProvider:
         pod = _Process(proc, base)
         with self._lock:
             self._pods[name] = pod
-        threading.Thread(target=self._read, args=(pod,), daemon=True,
-                         name=f"dockyard-local-{name}").start()
+        pod.reader = threading.Thread(target=self._read, args=(pod,), daemon=True,
+                                      name=f"dockyard-local-{name}")
+        pod.reader.start()
 
     def _read(self, pod: _Process) -> None:
         """The first line names the URL; the rest is kept (a tail) for a failure's reason."""
         assert pod.proc.stdout is not None
-        for line in pod.proc.stdout:
-            if pod.url is None and "listening on http://" in line:
-                pod.url = line.strip().rsplit(" ", 1)[1]
-            pod.output = [*pod.output[-19:], line.rstrip()]
+        try:
+            for line in pod.proc.stdout:
+                if pod.url is None and "listening on http://" in line:
+                    pod.url = line.strip().rsplit(" ", 1)[1]
+                pod.output = [*pod.output[-19:], line.rstrip()]
+        except (ValueError, OSError):
+            # ``delete`` closed the stream under this thread: the pod is gone (a test run
+            # failed on the ValueError this raised in a thread of its own).
+            return
 
     def status(self, name: str) -> PodStatus:
         with self._lock:
@@ -142,6 +154,8 @@ class LocalProvider:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pod.proc.pid, signal.SIGKILL)
                 pod.proc.wait()
+        if pod.reader is not None:  # its last words read to the end, where they come
+            pod.reader.join(_READER_JOIN_S)
         if pod.proc.stdout is not None:
             pod.proc.stdout.close()
         if pod.proc.returncode != 0:

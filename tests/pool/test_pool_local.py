@@ -252,3 +252,23 @@ def test_a_trainer_killed_with_sigterm_drains_its_pool(images, work):
     assert list(work.iterdir()) == []
     assert pids_carrying(f"DOCKYARD_EXECUTOR={owner_token(base)}".encode()) == []
     assert mounts_anywhere(work) == []
+
+
+def test_a_reader_whose_output_was_closed_under_it_ends_quietly(tmp_path: Path) -> None:
+    """``delete`` closes a stopped executor's output while its reader thread may still be on
+    it: the reader ends, where it raised ``ValueError`` in its thread (a test run failed so)."""
+    import subprocess
+
+    from sandbox_client.pool.local import _Process
+
+    proc = subprocess.Popen(["sh", "-c", "echo listening on http://127.0.0.1:1; exec sleep 60"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.close()
+        pod = _Process(proc, tmp_path)
+        LocalProvider(tmp_path / "images", tmp_path / "work")._read(pod)  # returns, no raise
+        assert pod.url is None and pod.output == []
+    finally:
+        proc.kill()
+        proc.wait()
