@@ -128,8 +128,9 @@ class Group:
                 found.update(int(line) for line in Path(name).read_text().split())
         return found
 
-    def kill_all(self, timeout: float = 5.0) -> int:
-        """SIGKILL every process in the group until it is empty; how many were signalled."""
+    def kill_all(self, timeout: float = 5.0, poll: float = 0.01) -> int:
+        """SIGKILL every process in the group until it is empty (looking every ``poll`` s);
+        how many were signalled."""
         killed = 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -140,7 +141,7 @@ class Group:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
                     killed += 1
-            time.sleep(0.01)
+            time.sleep(poll)
         return killed
 
     def remove(self) -> None:

@@ -96,6 +96,11 @@ class Session:
         return shell
 
 
+_EXIT_POLL_S = 0.001
+"""How often a DELETE looks whether its session's last processes are gone (they are dying
+already: a 10 ms poll would mostly wait)."""
+
+
 class SessionManager:
     """Creates, serves and closes sessions."""
 
@@ -246,15 +251,19 @@ class SessionManager:
         if session.closed:
             return
         session.closed = True
+        running = any(shell.pid is not None for shell in session.all_shells())
         try:
             for shell in session.all_shells():
                 shell.close()
         finally:
             workspace = session.workspace
-            # Confined shells took everything they started with them (their PID namespaces);
-            # unconfined ones may have lost a process that cleared its marker: its cgroup has it.
-            if workspace.group is not None and not session.shell.confined:
-                workspace.group.kill_all()
+            # A confined shell's death takes its PID namespace along, but the kernel kills the
+            # rest of it as its init exits, after the shell we waited for: a CI run saw one of
+            # its processes still alive at the answer. Unconfined shells may have lost a process
+            # that cleared its marker. Either way the cgroup has them until they are gone (a
+            # session whose shells were all stopped has nothing there: not read).
+            if workspace.group is not None and (running or not session.shell.confined):
+                workspace.group.kill_all(poll=_EXIT_POLL_S)
             if not (remove_later and self._reclaimer.submit(workspace)):
                 workspace.destroy()
         log.info("session %s closed", session.session_id)
