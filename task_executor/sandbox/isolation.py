@@ -254,7 +254,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 def own_cgroup_binds(group: Group | None) -> list[tuple[str, str]]:
     """(host path, where the sandbox sees it) for each of a workspace's groups: a v1
     controller's at ``/sys/fs/cgroup/<controller>``, the v2 group at ``/sys/fs/cgroup``. Of a v1
-    memory group, handed on from workspace to workspace, only its limit and use (see
+    memory group, handed on from workspace to workspace, only its limit (see
     ``cgroups.SANDBOX_MEMORY_FILES``): its other files count what the last workspaces did."""
     if group is None:
         return []
