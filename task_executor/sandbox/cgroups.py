@@ -128,21 +128,9 @@ class Group:
                 found.update(int(line) for line in Path(name).read_text().split())
         return found
 
-    def kill_all(self, timeout: float = 5.0, poll: float = 0.01) -> int:
-        """SIGKILL every process in the group until it is empty (looking every ``poll`` s);
-        how many were signalled."""
-        killed = 0
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-            time.sleep(poll)
-        return killed
+    def kill_all(self, timeout: float = 5.0, poll: float = 0.01) -> None:
+        """SIGKILL every process in the group until it is empty (looking every ``poll`` s)."""
+        kill_groups([self], timeout, poll)
 
     def remove(self) -> None:
         """Kill what is left and remove the directories (a group with members cannot go)."""
@@ -163,7 +151,7 @@ class Group:
             on_remove()
 
 
-def kill_groups(groups: Iterable[Group], timeout: float = 10.0) -> None:
+def kill_groups(groups: Iterable[Group], timeout: float = 10.0, poll: float = 0.01) -> None:
     """SIGKILL every process in ``groups`` until they are empty, all groups in each pass (one
     by one, each waiting for its own group to empty, 10,000 live sessions waited 10,000 times).
     One hierarchy's member list is read per group: every process of a workspace is in all."""
@@ -180,7 +168,7 @@ def kill_groups(groups: Iterable[Group], timeout: float = 10.0) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
+        time.sleep(poll)
 
 
 def remove_emptied(groups: list[Group]) -> None:

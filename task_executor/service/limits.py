@@ -31,20 +31,19 @@ def raise_open_files_limit() -> int:
     return soft
 
 
-def stop_ignoring_signals() -> list[str]:
+def stop_ignoring_signals() -> None:
     """SIGINT and SIGQUIT back to their defaults if this process ignores them (Python's
-    KeyboardInterrupt for SIGINT); the names of those changed. Only the main thread may: from
-    another, a warning says what the commands will ignore."""
+    KeyboardInterrupt for SIGINT). Only the main thread may: from another, a warning says what
+    the commands will ignore."""
     ignored = [sig for sig in (signal.SIGINT, signal.SIGQUIT)
                if signal.getsignal(sig) == signal.SIG_IGN]
     if ignored and threading.current_thread() is not threading.main_thread():
         log.warning("this process ignores %s, and so will every command it runs (interrupt "
                     "kills instead): start it in the foreground",
                     ", ".join(sig.name for sig in ignored))
-        return []
+        return
     for sig in ignored:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     if ignored:
         log.info("%s no longer ignored: commands get them as usual",
                  ", ".join(sig.name for sig in ignored))
-    return [sig.name for sig in ignored]

@@ -430,10 +430,8 @@ class WorkspaceFactory:
 
     def release_group(self, group: Group) -> None:
         """Done with ``group``: to the next workspace, or removed (see ``Groups.release``)."""
-        if self.groups is not None:
-            self.groups.release(group)
-        else:
-            group.remove()
+        assert self.groups is not None  # (it made the group)
+        self.groups.release(group)
 
     def _remove_args(self, holder: Path) -> None:
         if self.args_root is not None:
